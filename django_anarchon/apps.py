@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class AnarchonConfig(AppConfig):
+    name = "django_anarchon"
+    label = "django_anarchon"
+    verbose_name = _("Scheduled jobs")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.core.signals import setting_changed
+        from django.utils.module_loading import autodiscover_modules
+
+        from . import conf
+
+        setting_changed.connect(conf.reset, dispatch_uid="django_anarchon.conf.reset")
+        autodiscover_modules("jobs")

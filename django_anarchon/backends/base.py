@@ -1,0 +1,343 @@
+"""The backend contract: value types, the ``Backend`` and ``RunStore`` interfaces, history.
+
+A backend's one duty is an atomic "write unless it exists": for one job and one slot,
+``claim()`` answers ``True`` to exactly one instance, and answers the same again to a
+claimer that repeats itself with the same token. Backends with leases also provide a
+``RunStore`` (``backend.runs``) that follows the lease rules in ``docs/concepts.md``.
+
+Pure: nothing here imports ``django.db``.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+RunStatus = Literal["running", "success", "failed", "interrupted"]
+FinalStatus = Literal["success", "failed", "interrupted"]
+RunReason = Literal["scheduled", "manual", "catch-up", "takeover"]
+OverlapPolicy = Literal["skip", "allow"]
+ClaimMode = Literal["new", "takeover"]
+OutcomeKind = Literal["won", "running", "done", "overlap", "none", "late"]
+
+FINAL_STATUSES: frozenset[str] = frozenset({"success", "failed", "interrupted"})
+RUN_REASONS: frozenset[str] = frozenset({"scheduled", "manual", "catch-up", "takeover"})
+
+
+def ms_to_datetime(ms: float) -> datetime:
+    """An epoch-milliseconds instant as an aware UTC datetime."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def datetime_to_ms(value: datetime) -> int:
+    """An aware datetime as integer epoch milliseconds."""
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime {value!r}: give it a time zone")
+    return round(value.timestamp() * 1000)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+@dataclass(frozen=True)
+class ClaimInput:
+    """What an instance sends to claim one run (job, slot)."""
+
+    job: str
+    slot: int
+    token: str
+    instance_id: str
+    history_size: int = 100
+    history_ttl_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class RunClaim(ClaimInput):
+    """A claim on a lease store: a ``ClaimInput`` plus what the lease rules need."""
+
+    mode: ClaimMode = "new"
+    reason: RunReason = "scheduled"
+    lease_ms: int = 30_000
+    overlap: OverlapPolicy = "skip"
+    max_attempts: int = 1
+    max_late_ms: int | None = None
+    keep_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    """The lease store's answer to ``runs.claim()``; build one with the class methods."""
+
+    kind: str
+    attempt: int | None = None
+    slot: int | None = None
+    late_ms: int | None = None
+
+    @classmethod
+    def won(cls, attempt: int) -> ClaimOutcome:
+        return cls("won", attempt=attempt)
+
+    @classmethod
+    def running(cls, attempt: int) -> ClaimOutcome:
+        return cls("running", attempt=attempt)
+
+    @classmethod
+    def done(cls) -> ClaimOutcome:
+        return cls("done")
+
+    @classmethod
+    def overlap(cls, slot: int) -> ClaimOutcome:
+        return cls("overlap", slot=slot)
+
+    @classmethod
+    def none(cls) -> ClaimOutcome:
+        return cls("none")
+
+    @classmethod
+    def late(cls, late_ms: int) -> ClaimOutcome:
+        return cls("late", late_ms=late_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ActiveRun:
+    """A run that is not finished: its slot, current attempt, and whether its lease is alive."""
+
+    slot: int
+    attempt: int
+    alive: bool
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """How one attempt ended; times are epoch milliseconds."""
+
+    slot: int
+    by: str
+    attempt: int
+    status: FinalStatus
+    started_at: int
+    finished_at: int
+    duration_ms: int
+    error: str | None = None
+    manual: bool = False
+    reason: RunReason = "scheduled"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """A won claim, as ``build_history`` pairs it with results (times in epoch ms)."""
+
+    slot: int
+    by: str
+    at: int
+    manual: bool = False
+    attempt: int = 1
+    reason: RunReason = "scheduled"
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """What ``check_job`` receives so a backend can refuse a job it cannot run safely."""
+
+    name: str
+    jitter_ms: int
+    max_late_ms: int
+    min_gap_ms: float  # math.inf for a one-off job
+    history_size: int
+    history_ttl_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One attempt of one run, as history shows it."""
+
+    job: str
+    slot: int
+    scheduled_at: datetime
+    instance_id: str
+    manual: bool
+    attempt: int
+    reason: str
+    status: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    duration_ms: int | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: _jsonable(v) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What ``Scheduler.jobs()`` returns for each job."""
+
+    name: str
+    type: Literal["cron", "every", "once"]
+    schedule: str
+    next_run_at: datetime | None
+    running_here: int = 0
+    options: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: _jsonable(v) for k, v in asdict(self).items()}
+
+
+def build_history(
+    job: str,
+    claims: Iterable[ClaimRecord],
+    results: Iterable[StoredResult],
+    limit: int,
+) -> list[RunRecord]:
+    """Merge won claims and stored results into ``RunRecord``s, newest first.
+
+    A claim without a result is a run still going (``running``); a result is matched to
+    its claim by (slot, instance, attempt, manual). A result whose claim the store no
+    longer has still appears. Backends that keep claims and results apart use this so
+    that new record fields reach them without changes.
+    """
+    by_key: dict[tuple[int, str, int, bool], RunRecord] = {}
+    for c in claims:
+        by_key[(c.slot, c.by, c.attempt, c.manual)] = RunRecord(
+            job=job,
+            slot=c.slot,
+            scheduled_at=ms_to_datetime(c.slot),
+            instance_id=c.by,
+            manual=c.manual,
+            attempt=c.attempt,
+            reason="manual" if c.manual else c.reason,
+            status="running",
+            started_at=ms_to_datetime(c.at),
+        )
+    for r in results:
+        key = (r.slot, r.by, r.attempt, r.manual)
+        claimed = by_key.get(key)
+        by_key[key] = RunRecord(
+            job=job,
+            slot=r.slot,
+            scheduled_at=ms_to_datetime(r.slot),
+            instance_id=r.by,
+            manual=r.manual,
+            attempt=r.attempt,
+            reason=claimed.reason if claimed else ("manual" if r.manual else r.reason),
+            status=r.status,
+            started_at=ms_to_datetime(r.started_at),
+            finished_at=ms_to_datetime(r.finished_at),
+            duration_ms=r.duration_ms,
+            error=r.error,
+        )
+    records = sorted(by_key.values(), key=lambda rec: (rec.started_at, rec.slot, rec.attempt), reverse=True)
+    return records[: max(limit, 0)]
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    """The lease capability of a backend. Every method is atomic on the store's clock."""
+
+    async def claim(self, input: RunClaim) -> ClaimOutcome: ...
+
+    async def heartbeat(self, job: str, slot: int, token: str, lease_ms: int) -> bool: ...
+
+    async def finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool: ...
+
+    async def release(self, job: str, slot: int, token: str) -> bool: ...
+
+    async def active(self, job: str) -> list[ActiveRun]: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the engine needs from a store. ``BaseBackend`` is a convenient base class."""
+
+    name: str
+    dedupe_window_ms: float
+    runs: RunStore | None
+
+    async def init(self) -> None: ...
+
+    async def prepare_job(self, job: str, history_size: int) -> None: ...
+
+    async def claim(self, input: ClaimInput) -> bool: ...
+
+    async def record_manual_run(self, input: ClaimInput) -> int | None: ...
+
+    async def save_result(
+        self, job: str, result: StoredResult, history_size: int, history_ttl_ms: int | None = None
+    ) -> None: ...
+
+    async def history(self, job: str, limit: int) -> list[RunRecord]: ...
+
+    async def close(self) -> None: ...
+
+
+class BaseBackend(abc.ABC):
+    """Base class for backends: the required methods are abstract, the optional ones real.
+
+    Subclasses take their settings as keyword arguments: ``OPTIONS`` in settings are
+    passed to the constructor as they are.
+    """
+
+    name: ClassVar[str] = "base"
+    #: How long the store remembers a claim; ``math.inf`` if forever.
+    dedupe_window_ms: float = math.inf
+    #: The lease store, on backends that have leases.
+    runs: RunStore | None = None
+
+    async def init(self) -> None:
+        """Connect and check the server. Called by ``start()`` and before reads; idempotent."""
+
+    async def prepare_job(self, job: str, history_size: int) -> None:
+        """One-time setup for a job (a stream, a queue, a lock row)."""
+
+    @abc.abstractmethod
+    async def claim(self, input: ClaimInput) -> bool:
+        """``True`` for exactly one instance per (job, slot); the same token again is ``True``."""
+
+    @abc.abstractmethod
+    async def record_manual_run(self, input: ClaimInput) -> int | None:
+        """Record a ``run_now()`` run, never deduplicated; return the slot used if it differs."""
+
+    @abc.abstractmethod
+    async def save_result(
+        self, job: str, result: StoredResult, history_size: int, history_ttl_ms: int | None = None
+    ) -> None:
+        """Store how an attempt ended, and prune history to ``history_size``/``history_ttl_ms``."""
+
+    @abc.abstractmethod
+    async def history(self, job: str, limit: int) -> list[RunRecord]:
+        """The latest attempts of ``job`` from every instance, newest first."""
+
+    async def close(self) -> None:
+        """Close what the backend opened itself (never a client it was given)."""
+
+    def check_job(self, job: JobLimits) -> None:
+        """Raise ``ConfigurationError`` to refuse a job this store cannot run safely.
+
+        The engine already refuses ``jitter + max_late >= dedupe_window_ms``; a backend
+        overrides this for limits of its own.
+        """
+
+    def describe(self) -> str:
+        """A one-line description for banners and the admin (never a password)."""
+        return self.name
+
+
+def supports_leases(backend: Backend | BaseBackend) -> bool:
+    return getattr(backend, "runs", None) is not None
+
+
+def sort_newest_first(records: Sequence[RunRecord]) -> list[RunRecord]:
+    return sorted(records, key=lambda rec: (rec.started_at, rec.slot, rec.attempt), reverse=True)

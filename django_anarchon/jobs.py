@@ -1,0 +1,292 @@
+"""A job: its name, schedule, handler and validated options.
+
+Validation lives here so that every way of registering a job (decorators, the
+``Scheduler`` methods, ``JOB_DEFAULTS``) gives the same error, naming the job, the
+option and the bad value, at registration time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import time
+import zoneinfo
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from .backends.base import JobLimits, datetime_to_ms
+from .durations import parse_duration, parse_optional_duration
+from .exceptions import ConfigurationError
+from .schedules import Cron, Every, Once, Schedule
+
+JobKind = Literal["every", "cron", "once"]
+
+#: Options every job takes.
+COMMON_OPTIONS = frozenset(
+    {"jitter", "max_late", "history_size", "history_ttl", "timeout", "overlap", "max_attempts",
+     "catch_up", "data"}
+)
+#: Options that only make sense on a store with leases.
+LEASE_OPTIONS = frozenset({"overlap", "max_attempts", "catch_up"})
+#: Options of one schedule type only.
+KIND_OPTIONS: Mapping[str, frozenset[str]] = {
+    "every": frozenset({"offset"}),
+    "cron": frozenset({"timezone"}),
+    "once": frozenset(),
+}
+#: Options a job on a ``once`` schedule refuses: a one-off cannot overlap itself.
+NOT_FOR_ONCE = frozenset({"overlap"})
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Validated options of one job (durations in ms)."""
+
+    jitter_ms: int = 0
+    max_late_ms: int = 60_000
+    history_size: int = 100
+    history_ttl_ms: int | None = None
+    timeout_ms: int | None = None
+    overlap: Literal["skip", "allow"] = "skip"
+    max_attempts: int = 1
+    catch_up_ms: int = 0
+    data: Any = None
+    #: Lease options the user set to a non-default value (a backend without leases refuses them).
+    lease_options_asked: frozenset[str] = field(default=frozenset())
+
+    @property
+    def keep_ms(self) -> int:
+        """How long a lease store must remember a finished run."""
+        return self.jitter_ms + self.max_late_ms + self.catch_up_ms
+
+
+DEFAULTS = JobOptions()
+
+
+def _positive_int(job: str, option: str, value: object, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(
+            f"expected a whole number of at least {minimum}", job=job, option=option, value=value
+        )
+    if value < minimum:
+        raise ConfigurationError(f"must be at least {minimum}", job=job, option=option, value=value)
+    return value
+
+
+def _check_data(job: str, value: object) -> object:
+    if value is None or callable(value):
+        return value
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"must be JSON-serialisable or a callable ({exc})", job=job, option="data", value=value
+        ) from None
+    return value
+
+
+def validate_options(
+    job: str, kind: JobKind, options: Mapping[str, Any], base: JobOptions = DEFAULTS
+) -> tuple[JobOptions, dict[str, Any]]:
+    """Validate ``options`` over ``base``; return the job options and the schedule options.
+
+    Schedule options (``offset``, ``timezone``) are returned apart, unparsed.
+    """
+    allowed = COMMON_OPTIONS | KIND_OPTIONS[kind]
+    if kind == "once":
+        allowed = allowed - NOT_FOR_ONCE
+    for option in options:
+        if option not in allowed:
+            hint = ""
+            for other, extra in KIND_OPTIONS.items():
+                if option in extra:
+                    hint = f" ({option!r} is for {other} jobs only)"
+            if kind == "once" and option in NOT_FOR_ONCE:
+                hint = " (a one-off job cannot overlap itself)"
+            raise ConfigurationError(
+                f"unknown option for {kind} jobs{hint}; known options: {', '.join(sorted(allowed))}",
+                job=job, option=option, value=options[option],
+            )
+    values: dict[str, Any] = {}
+    asked = set(base.lease_options_asked)
+    if "jitter" in options:
+        values["jitter_ms"] = parse_duration(options["jitter"], job=job, option="jitter")
+    if "max_late" in options:
+        values["max_late_ms"] = parse_duration(options["max_late"], job=job, option="max_late")
+    if "history_size" in options:
+        values["history_size"] = _positive_int(job, "history_size", options["history_size"])
+    if "history_ttl" in options:
+        values["history_ttl_ms"] = parse_optional_duration(
+            options["history_ttl"], job=job, option="history_ttl", allow_zero=False
+        )
+    if "timeout" in options:
+        values["timeout_ms"] = parse_optional_duration(
+            options["timeout"], job=job, option="timeout", allow_zero=False
+        )
+    if "overlap" in options:
+        if options["overlap"] not in ("skip", "allow"):
+            raise ConfigurationError(
+                "must be 'skip' or 'allow'", job=job, option="overlap", value=options["overlap"]
+            )
+        values["overlap"] = options["overlap"]
+        if options["overlap"] != DEFAULTS.overlap:
+            asked.add("overlap")
+    if "max_attempts" in options:
+        values["max_attempts"] = _positive_int(job, "max_attempts", options["max_attempts"])
+        if values["max_attempts"] != DEFAULTS.max_attempts:
+            asked.add("max_attempts")
+    if "catch_up" in options:
+        values["catch_up_ms"] = parse_duration(options["catch_up"], job=job, option="catch_up")
+        if values["catch_up_ms"] != DEFAULTS.catch_up_ms:
+            asked.add("catch_up")
+    if "data" in options:
+        values["data"] = _check_data(job, options["data"])
+    schedule_options = {k: options[k] for k in KIND_OPTIONS[kind] if k in options}
+    return replace(base, **values, lease_options_asked=frozenset(asked)), schedule_options
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigurationError("a job name must be a non-empty string", option="name", value=name)
+    if len(name) > 200:
+        raise ConfigurationError("a job name is at most 200 characters", option="name", value=name)
+    return name
+
+
+def check_handler(job: str, handler: object) -> Handler:
+    if not callable(handler):
+        raise ConfigurationError("the handler must be callable", job=job, option="handler", value=handler)
+    return handler
+
+
+def make_every(job: str, interval: object, offset: object = 0) -> Every:
+    interval_ms = parse_duration(interval, job=job, option="interval", allow_zero=False)
+    offset_ms = parse_duration(offset, job=job, option="offset")
+    return Every(interval_ms, offset_ms)
+
+
+def check_timezone(job: str, timezone: object) -> str:
+    if not isinstance(timezone, str) or not timezone:
+        raise ConfigurationError("expected an IANA time zone name such as 'Europe/Athens'",
+                                 job=job, option="timezone", value=timezone)
+    try:
+        zoneinfo.ZoneInfo(timezone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ConfigurationError("unknown time zone; use an IANA name such as 'Europe/Athens'",
+                                 job=job, option="timezone", value=timezone) from None
+    return timezone
+
+
+def make_cron(job: str, expression: object, timezone: object) -> Cron:
+    tz = check_timezone(job, timezone)
+    if not isinstance(expression, str):
+        raise ConfigurationError("a cron expression must be a string", job=job, option="expression",
+                                 value=expression)
+    try:
+        return Cron(expression, tz)
+    except ValueError as exc:
+        raise ConfigurationError(f"invalid cron expression ({exc})", job=job, option="expression",
+                                 value=expression) from None
+
+
+def make_once(job: str, when: object) -> Once:
+    if isinstance(when, str):
+        try:
+            parsed = datetime.fromisoformat(when.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigurationError("not an ISO 8601 date-time, e.g. '2027-01-01T00:00:00+00:00'",
+                                     job=job, option="when", value=when) from None
+    elif isinstance(when, datetime):
+        parsed = when
+    else:
+        raise ConfigurationError("expected an aware datetime or an ISO 8601 string",
+                                 job=job, option="when", value=when)
+    if parsed.tzinfo is None or parsed.tzinfo.utcoffset(parsed) is None:
+        raise ConfigurationError("the instant needs a time zone (e.g. '+00:00'); a naive time is ambiguous",
+                                 job=job, option="when", value=when)
+    return Once(datetime_to_ms(parsed))
+
+
+@dataclass(frozen=True)
+class Job:
+    """A registered job. ``origin`` says where it was defined, for duplicate-name errors."""
+
+    name: str
+    schedule: Schedule
+    handler: Handler
+    options: JobOptions
+    origin: str = ""
+
+    @property
+    def kind(self) -> JobKind:
+        return self.schedule.type
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.handler) or inspect.iscoroutinefunction(
+            getattr(self.handler, "__call__", None)
+        )
+
+    def limits(self) -> JobLimits:
+        o = self.options
+        return JobLimits(
+            name=self.name,
+            jitter_ms=o.jitter_ms,
+            max_late_ms=o.max_late_ms,
+            min_gap_ms=self.schedule.min_gap_ms(),
+            history_size=o.history_size,
+            history_ttl_ms=o.history_ttl_ms,
+        )
+
+    def is_expired(self, now_ms: int | None = None) -> bool:
+        """A one-off whose instant is past even counting ``catch_up``: it will never run."""
+        if not isinstance(self.schedule, Once):
+            return False
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return self.schedule.at_ms + self.options.catch_up_ms + self.options.max_late_ms < now
+
+
+def build_job(
+    name: object,
+    kind: JobKind,
+    spec: object,
+    handler: object,
+    options: Mapping[str, Any],
+    *,
+    defaults: JobOptions = DEFAULTS,
+    default_timezone: str = "UTC",
+    origin: str = "",
+) -> Job:
+    """Validate everything about one job and return it; ``spec`` is interval, expression or instant."""
+    job = check_name(name)
+    fn = check_handler(job, handler)
+    opts, schedule_options = validate_options(job, kind, options, defaults)
+    schedule: Schedule
+    if kind == "every":
+        schedule = make_every(job, spec, schedule_options.get("offset", 0))
+    elif kind == "cron":
+        schedule = make_cron(job, spec, schedule_options.get("timezone") or default_timezone)
+    else:
+        schedule = make_once(job, spec)
+    return Job(name=job, schedule=schedule, handler=fn, options=opts, origin=origin)
+
+
+def check_dedupe_window(job: Job, dedupe_window_ms: float, backend_name: str) -> None:
+    """Refuse a job that an instance could claim after the store forgot the claim."""
+    o = job.options
+    if math.isfinite(dedupe_window_ms) and o.jitter_ms + o.max_late_ms >= dedupe_window_ms:
+        raise ConfigurationError(
+            f"jitter + max_late ({o.jitter_ms + o.max_late_ms} ms) must be shorter than the "
+            f"{backend_name} backend's dedupe window ({int(dedupe_window_ms)} ms), or a late "
+            "instance could run the slot again",
+            job=job.name, option="max_late", value=o.max_late_ms,
+        )
+
+
+def to_timedelta(ms: int | None) -> timedelta | None:
+    return None if ms is None else timedelta(milliseconds=ms)
