@@ -1,0 +1,342 @@
+"""A backend that keeps everything in this process: the contract in its smallest form.
+
+It coordinates schedulers that share one ``MemoryBackend`` instance, even when they run
+on different event loops or threads, so it suits tests and single-process projects. It
+has the full lease ``RunStore`` (``backend.runs``), so backups, overlap, retries and
+catch-up can be exercised without a server.
+
+Every method takes one ``threading.Lock`` for its whole (synchronous) body and never
+awaits while holding it: that is what makes each call atomic across threads and loops.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .base import (
+    ActiveRun,
+    BaseBackend,
+    ClaimInput,
+    ClaimOutcome,
+    ClaimRecord,
+    FinalStatus,
+    RunClaim,
+    RunReason,
+    RunRecord,
+    StoredResult,
+    build_history,
+)
+
+__all__ = ["MemoryBackend", "MemoryRunStore"]
+
+# (slot, instance, attempt, manual): how build_history pairs a claim with its result.
+_RecordKey = tuple[int, str, int, bool]
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _Run:
+    """The lease state of one run (job, slot); mutable, only touched under the lock."""
+
+    attempt: int
+    token: str
+    owner: str
+    lease_until: int
+    state: str  # "running" | "finished"
+    status: str | None
+    reason: RunReason
+    started_at: int
+    finished_at: int | None = None
+    keep_ms: int | None = None
+
+
+class _History:
+    """The attempts of one job: won claims and saved results, keyed like build_history."""
+
+    __slots__ = ("claims", "results")
+
+    def __init__(self) -> None:
+        self.claims: dict[_RecordKey, ClaimRecord] = {}
+        self.results: dict[_RecordKey, StoredResult] = {}
+
+    def has_manual_slot(self, slot: int) -> bool:
+        return any(k[0] == slot and k[3] for k in self.claims) or any(
+            k[0] == slot and k[3] for k in self.results
+        )
+
+    def prune(self, now: int, history_size: int, history_ttl_ms: int | None) -> None:
+        """Keep the newest ``history_size`` records, and none older than the ttl."""
+        keys = self.claims.keys() | self.results.keys()
+        started: dict[_RecordKey, int] = {}
+        ended: dict[_RecordKey, int] = {}
+        for key in keys:
+            result = self.results.get(key)
+            if result is not None:
+                started[key] = result.started_at
+                ended[key] = result.finished_at
+            else:
+                started[key] = self.claims[key].at
+                ended[key] = started[key]
+        newest = sorted(keys, key=lambda k: (started[k], k[0], k[2]), reverse=True)
+        drop = set(newest[max(history_size, 0) :])
+        if history_ttl_ms is not None:
+            drop.update(k for k in keys if ended[k] < now - history_ttl_ms)
+        for key in drop:
+            self.claims.pop(key, None)
+            self.results.pop(key, None)
+
+
+class _State:
+    """Everything a ``MemoryBackend`` knows, shared with its ``MemoryRunStore``."""
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self.lock = threading.Lock()
+        self.clock = clock
+        # claim(): (job, slot) -> token of the winner; remembered forever (dedupe window).
+        self.claimed: dict[tuple[str, int], str] = {}
+        self.history: dict[str, _History] = {}
+        # RunStore: job -> slot -> lease state.
+        self.runs: dict[str, dict[int, _Run]] = {}
+
+    def now(self) -> int:
+        return int(self.clock())
+
+    def job_history(self, job: str) -> _History:
+        history = self.history.get(job)
+        if history is None:
+            history = self.history[job] = _History()
+        return history
+
+
+class MemoryRunStore:
+    """The lease rules of SPEC section 5 over a dict, on the backend's (injectable) clock."""
+
+    def __init__(self, state: _State) -> None:
+        self._state = state
+
+    async def claim(self, input: RunClaim) -> ClaimOutcome:
+        with self._state.lock:
+            return self._claim(input)
+
+    async def claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
+        with self._state.lock:
+            return [self._claim(c) for c in claims]
+
+    async def heartbeat(self, job: str, slot: int, token: str, lease_ms: int) -> bool:
+        with self._state.lock:
+            run = self._mine(job, slot, token)
+            if run is None:
+                return False
+            run.lease_until = self._state.now() + lease_ms
+            return True
+
+    async def finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
+        with self._state.lock:
+            run = self._mine(job, slot, token)
+            if run is None:
+                return False
+            run.state = "finished"
+            run.status = status
+            run.finished_at = self._state.now()
+            return True
+
+    async def release(self, job: str, slot: int, token: str) -> bool:
+        with self._state.lock:
+            run = self._mine(job, slot, token)
+            if run is None:
+                return False
+            run.lease_until = self._state.now() - 1
+            return True
+
+    async def active(self, job: str) -> list[ActiveRun]:
+        with self._state.lock:
+            now = self._state.now()
+            runs = self._state.runs.get(job, {})
+            return [
+                ActiveRun(slot=slot, attempt=run.attempt, alive=run.lease_until > now)
+                for slot, run in sorted(runs.items())
+                if run.state == "running"
+            ]
+
+    # -- under the lock -------------------------------------------------------------
+
+    def _mine(self, job: str, slot: int, token: str) -> _Run | None:
+        run = self._state.runs.get(job, {}).get(slot)
+        if run is None or run.state != "running" or run.token != token:
+            return None
+        return run
+
+    def _forget_expired(self, runs: dict[int, _Run], now: int) -> None:
+        expired = [
+            slot
+            for slot, run in runs.items()
+            if run.state == "finished"
+            and run.keep_ms is not None
+            and run.finished_at is not None
+            and run.finished_at + run.keep_ms < now
+        ]
+        for slot in expired:
+            del runs[slot]
+
+    def _claim(self, c: RunClaim) -> ClaimOutcome:
+        state = self._state
+        now = state.now()
+        runs = state.runs.setdefault(c.job, {})
+        self._forget_expired(runs, now)
+        run = runs.get(c.slot)
+        if run is not None:
+            if c.keep_ms is not None:
+                run.keep_ms = c.keep_ms
+            if run.state == "running":
+                if run.token == c.token:
+                    run.lease_until = now + c.lease_ms
+                    return ClaimOutcome.won(run.attempt)
+                if run.lease_until > now:
+                    return ClaimOutcome.running(run.attempt)
+                error = f"lease lapsed; taken over by {c.instance_id}"
+                if run.attempt < c.max_attempts:
+                    self._interrupt(c.job, c.slot, run, now, error)
+                    self._start(c, run, run.attempt + 1, "takeover", now)
+                    return ClaimOutcome.won(run.attempt)
+                self._interrupt(c.job, c.slot, run, now, "lease lapsed; attempts used up")
+                run.state = "finished"
+                run.status = "interrupted"
+                run.finished_at = now
+                return ClaimOutcome.done()
+            if run.status in ("failed", "interrupted") and run.attempt < c.max_attempts:
+                self._start(c, run, run.attempt + 1, c.reason, now)
+                return ClaimOutcome.won(run.attempt)
+            return ClaimOutcome.done()
+        if c.mode == "takeover":
+            return ClaimOutcome.none()
+        if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
+            return ClaimOutcome.late(now - c.slot)
+        if c.overlap == "skip":
+            busy = [
+                slot
+                for slot, other in runs.items()
+                if other.state == "running" and other.lease_until > now
+            ]
+            if busy:
+                return ClaimOutcome.overlap(max(busy))
+        run = _Run(
+            attempt=0,
+            token=c.token,
+            owner=c.instance_id,
+            lease_until=now,
+            state="running",
+            status=None,
+            reason=c.reason,
+            started_at=now,
+            keep_ms=c.keep_ms,
+        )
+        runs[c.slot] = run
+        self._start(c, run, 1, c.reason, now)
+        return ClaimOutcome.won(1)
+
+    def _start(self, c: RunClaim, run: _Run, attempt: int, reason: RunReason, now: int) -> None:
+        """Give the run to the claimer as ``attempt`` and show that attempt as running."""
+        run.attempt = attempt
+        run.token = c.token
+        run.owner = c.instance_id
+        run.lease_until = now + c.lease_ms
+        run.state = "running"
+        run.status = None
+        run.reason = reason
+        run.started_at = now
+        run.finished_at = None
+        self._state.job_history(c.job).claims[(c.slot, c.instance_id, attempt, False)] = (
+            ClaimRecord(slot=c.slot, by=c.instance_id, at=now, attempt=attempt, reason=reason)
+        )
+
+    def _interrupt(self, job: str, slot: int, run: _Run, now: int, error: str) -> None:
+        """Record the superseded attempt as interrupted, unless its runner saved a result."""
+        key = (slot, run.owner, run.attempt, False)
+        history = self._state.job_history(job)
+        if key in history.results:
+            return
+        history.results[key] = StoredResult(
+            slot=slot,
+            by=run.owner,
+            attempt=run.attempt,
+            status="interrupted",
+            started_at=run.started_at,
+            finished_at=now,
+            duration_ms=max(now - run.started_at, 0),
+            error=error,
+            reason=run.reason,
+        )
+
+
+class MemoryBackend(BaseBackend):
+    """Coordinates the schedulers of one process that share this instance.
+
+    ``clock`` returns the store's "now" in epoch milliseconds (default: ``time.time()``);
+    tests pass their own to move time without sleeping.
+    """
+
+    name = "memory"
+    #: Claims are never forgotten, so an instance may be as late as it likes.
+    dedupe_window_ms: float = math.inf
+
+    def __init__(self, *, clock: Callable[[], int] | None = None) -> None:
+        self._state = _State(clock or _wall_clock_ms)
+        self.runs: MemoryRunStore = MemoryRunStore(self._state)
+
+    async def claim(self, input: ClaimInput) -> bool:
+        with self._state.lock:
+            return self._claim(input)
+
+    async def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
+        with self._state.lock:
+            return [self._claim(i) for i in inputs]
+
+    def _claim(self, input: ClaimInput) -> bool:
+        key = (input.job, input.slot)
+        holder = self._state.claimed.get(key)
+        if holder is not None:
+            return holder == input.token  # the same claim sent again is still ours
+        self._state.claimed[key] = input.token
+        self._state.job_history(input.job).claims[(input.slot, input.instance_id, 1, False)] = (
+            ClaimRecord(slot=input.slot, by=input.instance_id, at=self._state.now())
+        )
+        return True
+
+    async def record_manual_run(self, input: ClaimInput) -> int | None:
+        """Record a manual run; a slot that already has one moves on by 1 ms, returned."""
+        with self._state.lock:
+            history = self._state.job_history(input.job)
+            slot = input.slot
+            while history.has_manual_slot(slot):
+                slot += 1
+            history.claims[(slot, input.instance_id, 1, True)] = ClaimRecord(
+                slot=slot, by=input.instance_id, at=self._state.now(), manual=True, reason="manual"
+            )
+            return None if slot == input.slot else slot
+
+    async def save_result(
+        self, job: str, result: StoredResult, history_size: int, history_ttl_ms: int | None = None
+    ) -> None:
+        with self._state.lock:
+            history = self._state.job_history(job)
+            history.results[(result.slot, result.by, result.attempt, result.manual)] = result
+            history.prune(self._state.now(), history_size, history_ttl_ms)
+
+    async def history(self, job: str, limit: int) -> list[RunRecord]:
+        with self._state.lock:
+            history = self._state.history.get(job)
+            if history is None:
+                return []
+            claims = list(history.claims.values())
+            results = list(history.results.values())
+        return build_history(job, claims, results, limit)
+
+    def describe(self) -> str:
+        return "memory (this process only)"
