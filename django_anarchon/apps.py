@@ -15,6 +15,8 @@ class AnarchonConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from . import conf
+        from .handler import schedulers
 
         setting_changed.connect(conf.reset, dispatch_uid="django_anarchon.conf.reset")
+        setting_changed.connect(schedulers.reset, dispatch_uid="django_anarchon.handler.reset")
         autodiscover_modules("jobs")

@@ -1,0 +1,134 @@
+"""``schedulers`` and ``get_scheduler()``: schedulers built lazily from ``settings.ANARCHON``.
+
+Like ``django.core.cache.caches``, but one scheduler per alias per *process*: a
+scheduler owns a timer and running jobs, so it must not be rebuilt per thread (which
+is why this is not a ``BaseConnectionHandler``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from . import conf
+from .exceptions import ConfigurationError, UnknownSchedulerError
+from .registry import registry
+
+if TYPE_CHECKING:
+    from .engine import Scheduler
+
+
+def build_backend(alias: str, config: dict[str, Any]) -> Any:
+    """Import ``BACKEND`` and call it with ``OPTIONS``; errors name the scheduler and setting."""
+    path = config["BACKEND"]
+    if not isinstance(path, str):
+        raise ConfigurationError(
+            "BACKEND must be a dotted path to a backend class",
+            option=f"ANARCHON[{alias!r}]['BACKEND']", value=path,
+        )
+    try:
+        backend_class = import_string(path)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"cannot import the backend ({exc})", option=f"ANARCHON[{alias!r}]['BACKEND']", value=path
+        ) from exc
+    options = config["OPTIONS"]
+    if not isinstance(options, dict):
+        raise ConfigurationError(
+            "OPTIONS must be a dict of the backend's keyword arguments",
+            option=f"ANARCHON[{alias!r}]['OPTIONS']", value=options,
+        )
+    try:
+        return backend_class(**options)
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"the backend does not accept these OPTIONS ({exc})",
+            option=f"ANARCHON[{alias!r}]['OPTIONS']", value=options,
+        ) from exc
+
+
+def build_scheduler(alias: str = conf.DEFAULT_ALIAS, **overrides: Any) -> Scheduler:
+    """A new scheduler for ``alias`` with its jobs registered; ``overrides`` replace settings keys.
+
+    ``schedulers[alias]`` caches one per process; the worker command builds its own with
+    an ``INSTANCE_ID`` override.
+    """
+    from .engine import Scheduler
+
+    config = conf.get_config()
+    if alias not in config:
+        raise UnknownSchedulerError(
+            f"no scheduler {alias!r} in settings.ANARCHON (configured: {', '.join(config)})"
+        )
+    entry = {**config[alias], **{k.upper(): v for k, v in overrides.items()}}
+    job_defaults = entry["JOB_DEFAULTS"]
+    if not isinstance(job_defaults, dict):
+        raise ConfigurationError(
+            "JOB_DEFAULTS must be a dict of job options",
+            option=f"ANARCHON[{alias!r}]['JOB_DEFAULTS']", value=job_defaults,
+        )
+    scheduler = Scheduler(
+        build_backend(alias, entry),
+        name=alias,
+        instance_id=entry["INSTANCE_ID"],
+        lease=entry["LEASE"],
+        heartbeat=entry["HEARTBEAT"],
+        job_defaults=job_defaults,
+        data=entry["DATA"],
+        threads=entry["THREADS"],
+        default_timezone=getattr(settings, "TIME_ZONE", None) or "UTC",
+    )
+    registry.install(scheduler, alias)
+    return scheduler
+
+
+class SchedulerHandler:
+    """Schedulers by alias, each built on first access and kept for the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._schedulers: dict[str, Scheduler] = {}
+
+    def __getitem__(self, alias: str) -> Scheduler:
+        with self._lock:
+            if alias not in self._schedulers:
+                self._schedulers[alias] = build_scheduler(alias)
+            return self._schedulers[alias]
+
+    def __contains__(self, alias: object) -> bool:
+        return alias in conf.get_config()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(conf.get_config())
+
+    def __len__(self) -> int:
+        return len(conf.get_config())
+
+    def all(self) -> list[Scheduler]:
+        return [self[alias] for alias in self]
+
+    def built(self) -> list[Scheduler]:
+        """The schedulers built so far, without building more."""
+        with self._lock:
+            return list(self._schedulers.values())
+
+    def reset(self, **kwargs: Any) -> None:
+        """``setting_changed`` receiver: forget schedulers that are not running."""
+        if kwargs.get("setting") not in (None, "ANARCHON", "TIME_ZONE"):
+            return
+        with self._lock:
+            for alias, scheduler in list(self._schedulers.items()):
+                if not scheduler.running:
+                    del self._schedulers[alias]
+
+
+schedulers = SchedulerHandler()
+
+
+def get_scheduler(alias: str = conf.DEFAULT_ALIAS) -> Scheduler:
+    """The process's scheduler for ``alias`` (default ``"default"``), built from settings."""
+    return schedulers[alias]

@@ -1,0 +1,185 @@
+"""``manage.py anarchon_worker``: run the configured schedulers until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_anarchon.conf import get_config
+from django_anarchon.durations import format_duration, parse_duration
+from django_anarchon.exceptions import AnarchonError
+from django_anarchon.handler import build_scheduler
+
+if TYPE_CHECKING:
+    from django_anarchon.engine import Scheduler
+
+logger = logging.getLogger("django_anarchon")
+
+
+class Command(BaseCommand):
+    help = "Run the scheduled jobs of the configured schedulers until SIGINT or SIGTERM."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--scheduler", action="append", dest="schedulers", metavar="ALIAS",
+            help="A scheduler alias from settings.ANARCHON; repeat for several (default: all).",
+        )
+        parser.add_argument(
+            "--instance-id", help="This worker's name in history and leases (default: host-pid-random)."
+        )
+        parser.add_argument(
+            "--grace", default="30s",
+            help="How long running jobs may take to finish after SIGINT/SIGTERM (default 30s).",
+        )
+        parser.add_argument(
+            "--health-file", metavar="PATH",
+            help="Touch PATH every few seconds while the worker is healthy (a liveness probe).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            grace_ms = parse_duration(options["grace"], option="--grace")
+        except AnarchonError as exc:
+            raise CommandError(str(exc)) from exc
+        aliases = options["schedulers"] or list(get_config())
+        unknown = [alias for alias in aliases if alias not in get_config()]
+        if unknown:
+            raise CommandError(
+                f"unknown scheduler {unknown[0]!r}; configured: {', '.join(get_config())}"
+            )
+        overrides = {"instance_id": options["instance_id"]} if options["instance_id"] else {}
+        try:
+            schedulers = [build_scheduler(alias, **overrides) for alias in aliases]
+        except AnarchonError as exc:
+            raise CommandError(str(exc)) from exc
+        self._setup_logging(int(options["verbosity"]))
+        health = Path(options["health_file"]) if options["health_file"] else None
+        asyncio.run(Worker(schedulers, grace_ms, health, self.stdout.write).run())
+
+    def _setup_logging(self, verbosity: int) -> None:
+        """Make run lines visible when the project has not configured the logger itself."""
+        if logger.handlers or logging.getLogger().handlers or verbosity == 0:
+            return
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG if verbosity > 1 else logging.INFO)
+
+
+class Worker:
+    """Runs schedulers on one event loop; the first signal stops gracefully, a second at once."""
+
+    def __init__(
+        self, schedulers: list[Scheduler], grace_ms: int, health_file: Path | None,
+        write: Any,
+    ) -> None:
+        self.schedulers = schedulers
+        self.grace_ms = grace_ms
+        self.health_file = health_file
+        self.write = write
+        self.stopping = asyncio.Event()
+        self.signals = 0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            for scheduler in self.schedulers:
+                _log_runs(scheduler)
+                await scheduler.start()
+            self._banner()
+            tasks = [asyncio.create_task(self._pickup_requests())]
+            if self.health_file is not None:
+                tasks.append(asyncio.create_task(self._touch_health()))
+            await self.stopping.wait()
+            for task in tasks:
+                task.cancel()
+            grace = 0 if self.signals > 1 else self.grace_ms
+            logger.info("stopping (grace %s)", format_duration(grace))
+            stops = [asyncio.create_task(s.stop(grace=grace / 1000)) for s in self.schedulers]
+            done, _ = await asyncio.wait(stops)
+            for task in done:
+                if task.exception() is not None:
+                    logger.error("error while stopping: %s", task.exception())
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        logger.info("stopped")
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self.signals += 1
+        logger.info("received %s", sig.name)
+        if self.signals > 1:
+            # A second signal: stop at once, whatever is still running.
+            for scheduler in self.schedulers:
+                asyncio.ensure_future(scheduler.stop(grace=0))
+        self.stopping.set()
+
+    def _banner(self) -> None:
+        for scheduler in self.schedulers:
+            self.write(
+                f"anarchon worker: scheduler {scheduler.name!r}, backend {_describe(scheduler.backend)}, "
+                f"instance {scheduler.instance_id}"
+            )
+            for info in scheduler.jobs():
+                next_run = info.next_run_at.isoformat() if info.next_run_at else "never"
+                self.write(f"  {info.name:<40} {info.schedule:<40} next run {next_run}")
+        self.write("Press Ctrl+C (SIGINT) or send SIGTERM to stop gracefully.")
+
+    async def _touch_health(self) -> None:
+        assert self.health_file is not None
+        while True:
+            if all(s.running for s in self.schedulers):
+                self.health_file.touch()
+            await asyncio.sleep(5)
+
+    async def _pickup_requests(self) -> None:
+        """Run the "Run now" requests filed by the admin for these schedulers."""
+        from django_anarchon.run_requests import pickup_loop
+
+        await pickup_loop(self.schedulers)
+
+
+def _log_runs(scheduler: Scheduler) -> None:
+    """One log line per run start and end: job, slot, instance, attempt, status, duration."""
+
+    def started(event: Any) -> None:
+        logger.info(
+            "run started: job=%s slot=%s instance=%s attempt=%s reason=%s",
+            event.job, event.scheduled_at.isoformat(), event.instance_id,
+            getattr(event, "attempt", "?"), getattr(event, "reason", "?"),
+        )
+
+    def ended(event: Any) -> None:
+        record = event.record
+        logger.info(
+            "run ended: job=%s slot=%s instance=%s attempt=%s status=%s duration=%sms%s",
+            record.job, record.scheduled_at.isoformat(), record.instance_id, record.attempt,
+            record.status, record.duration_ms, f" error={record.error.splitlines()[0]}" if record.error else "",
+        )
+
+    def skipped(event: Any) -> None:
+        logger.info("run skipped: job=%s slot=%s reason=%s", event.job, event.scheduled_at.isoformat(),
+                    event.reason)
+
+    def lost(event: Any) -> None:
+        logger.warning("run lost: job=%s slot=%s instance=%s (taken over by another instance)",
+                       event.job, event.scheduled_at.isoformat(), event.instance_id)
+
+    scheduler.on("start", started)
+    for name in ("success", "failure", "interrupted"):
+        scheduler.on(name, ended)
+    scheduler.on("skip", skipped)
+    scheduler.on("lost", lost)
+
+
+def _describe(backend: Any) -> str:
+    describe = getattr(backend, "describe", None)
+    return str(describe()) if callable(describe) else str(getattr(backend, "name", backend))
