@@ -7,9 +7,16 @@ and one-off slots are exact instants. No I/O, no Django database imports.
 
 from __future__ import annotations
 
+import itertools
 import math
-from datetime import datetime
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterError, croniter
 
 from .backends.base import datetime_to_ms, ms_to_datetime
 from .durations import format_duration
@@ -99,26 +106,288 @@ class Once:
         return f"Once({self.at_ms})"
 
 
+_ALIASES = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+_MS = timedelta(milliseconds=1)
+_SECOND = timedelta(seconds=1)
+# Wider than any UTC-offset change in current tzdata (the largest DST shift is 2 h).
+_WINDOW_MS = 3 * 3_600_000
+_DAY_MS = 86_400_000
+_YEAR_MS = 366 * _DAY_MS
+_GAP_SLOTS = 500
+# A 29 February can be 8 years from the last one (2096 -> 2104).
+_MATCH_YEARS = 9
+
+
 class Cron:
     """A cron expression evaluated on wall-clock time in an IANA time zone.
 
-    Implemented in the schedules work: 5 or 6 fields (seconds first), @hourly/@daily/
-    @weekly/@monthly/@yearly, DST rules of SPEC section 4.
+    Accepted forms: 5 fields (minute hour day month weekday), 6 fields with the
+    seconds FIRST (``*/10 * * * * *`` is every 10 seconds), and the aliases
+    ``@hourly``, ``@daily``, ``@midnight``, ``@weekly``, ``@monthly``, ``@yearly``,
+    ``@annually``. Field syntax (ranges, steps, names, ``L``, ``W``, ``#``) is croniter's;
+    day-of-month and weekday combine with OR, as in classic cron.
+
+    The expression is matched against NAIVE local wall-clock times and each match is
+    resolved to real instants, because croniter's own time-zone-aware iteration fires a
+    fixed-hour expression twice in a repeated hour. The DST rules:
+
+    1. Gap (spring forward): a matching wall-clock time that does not exist fires once,
+       at the first instant after the gap (the transition instant, whose wall clock is
+       the end of the gap). All matches inside one gap, and a match on the gap's end
+       itself, are one slot there. So ``30 2 * * *`` in New York on 2026-03-08 fires at
+       03:00 EDT, and ``*/15 * * * *`` fires at 01:45 EST then 03:00 EDT: 15 real minutes.
+    2. Fold (fall back): a matching wall-clock time that happens twice fires at its FIRST
+       occurrence only, unless the hour field matches all 24 hours (``*``, ``*/1``,
+       ``0-23``; e.g. ``*/15 * * * *``, ``0 * * * *``, ``@hourly``): such an expression
+       also fires at the second occurrence, so it keeps firing at real elapsed time
+       through the repeated hour. ``30 1 * * *`` in New York on 2026-11-01 fires once,
+       at 01:30 EDT; ``*/15 * * * *`` fires at 01:00, 01:15 ... EDT, then 01:00,
+       01:15 ... EST, 15 real minutes apart.
+    3. Anywhere else a wall-clock time is exactly one instant.
     """
 
     type: ScheduleType = "cron"
 
     def __init__(self, expression: str, timezone: str) -> None:
-        raise NotImplementedError
+        if not isinstance(expression, str):
+            raise ValueError(f"expected a string, got {type(expression).__name__}")
+        self.expression = " ".join(expression.split())
+        text = self.expression.lower()
+        if text.startswith("@"):
+            if text not in _ALIASES:
+                known = ", ".join(_ALIASES)
+                raise ValueError(f"unknown alias {self.expression!r}; use one of {known}")
+            text = _ALIASES[text]
+        fields = text.split()
+        if len(fields) not in (5, 6):
+            raise ValueError(
+                f"expected 5 fields (minute hour day month weekday), 6 with seconds first, "
+                f"or an alias such as @daily; got {len(fields)} field(s)"
+            )
+        if not isinstance(timezone, str) or not timezone:
+            raise ValueError(f"unknown time zone {timezone!r}")
+        try:
+            self.zone = ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
+            raise ValueError(
+                f"unknown time zone {timezone!r}; use an IANA name such as 'Europe/Athens'"
+            ) from None
+        self.timezone = timezone
+        self._seconds = len(fields) == 6
+        try:
+            self._iter = croniter(
+                text, _NAIVE_EPOCH, ret_type=datetime, second_at_beginning=self._seconds
+            )
+            probe = croniter(
+                text, _local_now(self.zone), ret_type=datetime, second_at_beginning=self._seconds,
+                max_years_between_matches=_MATCH_YEARS,
+            )
+        except CroniterError as exc:
+            raise ValueError(_croniter_message(exc)) from None
+        try:
+            probe.get_next(datetime)
+        except CroniterError:
+            raise ValueError(f"never matches (no time in the next {_MATCH_YEARS} years)") from None
+        hours = self._iter.expanded[1]
+        self.every_hour = "*" in hours or set(range(24)).issubset(hours)
+        self._lock = threading.Lock()
+        self._min_gap: float | None = None
+
+    # wall clock <-> instants -------------------------------------------------------
+
+    def _offset_ms(self, ms: int) -> int:
+        local = (_EPOCH + timedelta(milliseconds=ms)).astimezone(self.zone)
+        offset = local.utcoffset()
+        assert offset is not None
+        return offset // _MS
+
+    def _wall(self, ms: int, offset_ms: int) -> datetime:
+        return _NAIVE_EPOCH + timedelta(milliseconds=ms + offset_ms)
+
+    def _instant(self, wall: datetime, fold: int) -> int:
+        return (wall.replace(tzinfo=self.zone, fold=fold) - _EPOCH) // _MS
+
+    def resolve(self, wall: datetime) -> tuple[int, ...]:
+        """The instants (epoch ms) at which a matching naive wall-clock time fires."""
+        first = self._instant(wall, 0)
+        second = self._instant(wall, 1)
+        if first == second:
+            return (first,)
+        if first < second:  # fold: fold=0 is the earlier (pre-transition) reading
+            return (first, second) if self.every_hour else (first,)
+        return (self._transition(second, first),)  # gap
+
+    def _transition(self, before: int, after: int) -> int:
+        """The first instant in (before, after] whose UTC offset differs from ``before``'s."""
+        old = self._offset_ms(before)
+        lo, hi = before, after
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._offset_ms(mid) == old:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    def _fall_back_near(self, ms: int) -> tuple[int, int, int] | None:
+        """``(instant, old_offset, new_offset)`` of a fall-back within ``_WINDOW_MS`` of ``ms``.
+
+        Offset changes are assumed to be more than ``2 * _WINDOW_MS`` apart (true of tzdata).
+        """
+        before, after = self._offset_ms(ms - _WINDOW_MS), self._offset_ms(ms + _WINDOW_MS)
+        if before <= after:
+            return None
+        return self._transition(ms - _WINDOW_MS, ms + _WINDOW_MS), before, after
+
+    def _walls_up(self, start: datetime) -> Iterator[datetime]:
+        """Matching wall-clock times from ``start``'s whole second on, ascending."""
+        self._iter.set_current(start.replace(microsecond=0) - _SECOND, force=True)
+        while True:
+            try:
+                yield self._iter.get_next(datetime)
+            except CroniterError:
+                return
+
+    def _walls_down(self, start: datetime) -> Iterator[datetime]:
+        """Matching wall-clock times up to ``start``'s next whole second, descending."""
+        self._iter.set_current(start.replace(microsecond=0) + _SECOND, force=True)
+        while True:
+            try:
+                yield self._iter.get_prev(datetime)
+            except CroniterError:
+                return
+
+    # the Schedule protocol ----------------------------------------------------------
+    #
+    # Every matching wall-clock time has a PRIMARY instant (its only instant, its first
+    # occurrence in a fold, or the end of its gap), non-decreasing in wall-clock order;
+    # every-hour expressions add a SECOND instant for walls in a fold. So the answer is
+    # the first (last) primary past the bound, or a second occurrence near a fall-back:
+    # a couple of croniter steps, never a scan.
 
     def next_after(self, after_ms: int) -> int | None:
-        raise NotImplementedError
+        first = after_ms + 1
+        fall = self._fall_back_near(first)
+        start = self._wall(first, self._offset_ms(first))
+        if fall is not None and fall[0] <= first:
+            start = max(start, self._wall(fall[0], fall[1]))  # past the fold: skip its walls
+        best: int | None = None
+        with self._lock:
+            for wall in self._walls_up(start):
+                primary = self.resolve(wall)[0]
+                if primary > after_ms:
+                    best = primary
+                    break
+            if fall is not None and self.every_hour:
+                change, old, new = fall
+                low = self._wall(max(change, first), new)
+                for wall in self._walls_up(low):
+                    if wall >= self._wall(change, old):
+                        break  # out of the fold
+                    second = self._instant(wall, 1)
+                    if wall >= low and second > after_ms:
+                        if best is None or second < best:
+                            best = second
+                        break
+        return best
 
     def latest_at_or_before(self, ms: int) -> int | None:
-        raise NotImplementedError
+        fall = self._fall_back_near(ms)
+        start = self._wall(ms, self._offset_ms(ms))
+        if fall is not None and fall[0] <= ms:
+            start = max(start, self._wall(fall[0] - 1, fall[1]))  # every fold wall is past
+        best: int | None = None
+        with self._lock:
+            for wall in self._walls_down(start):
+                primary = self.resolve(wall)[0]
+                if primary <= ms:
+                    best = primary
+                    break
+            if fall is not None and self.every_hour and fall[0] <= ms:
+                change, old, new = fall
+                high = self._wall(min(ms, change + old - new - 1), new)
+                for wall in self._walls_down(high):
+                    if wall < self._wall(change, new):
+                        break  # before the fold
+                    second = self._instant(wall, 1)
+                    if wall <= high and second <= ms:
+                        if best is None or second > best:
+                            best = second
+                        break
+        return best
 
     def min_gap_ms(self) -> float:
-        raise NotImplementedError
+        """Smallest real gap between consecutive slots over roughly the coming year (cached).
+
+        Scans the next year of slots (at most ``_GAP_SLOTS`` of them) and, separately, the
+        slots around every UTC-offset change in that year, where DST can shorten a gap.
+        """
+        if self._min_gap is None:
+            self._min_gap = self.min_gap_from(int(time.time() * 1000))
+        return self._min_gap
+
+    def min_gap_from(self, start_ms: int, horizon_ms: int = _YEAR_MS) -> float:
+        """:meth:`min_gap_ms` measured from ``start_ms`` rather than now (for tests)."""
+        slots: list[int] = []
+        cursor: int | None = start_ms
+        while cursor is not None and len(slots) < _GAP_SLOTS:
+            cursor = self.next_after(cursor)
+            if cursor is None or (cursor > start_ms + horizon_ms and len(slots) >= 3):
+                break
+            slots.append(cursor)
+        best = min((b - a for a, b in itertools.pairwise(slots)), default=math.inf)
+        for change in self._offset_changes(start_ms, start_ms + horizon_ms):
+            best = min(best, self._min_gap_near(change))
+        return best
+
+    def _offset_changes(self, start_ms: int, end_ms: int) -> list[int]:
+        changes = []
+        previous, offset = start_ms, self._offset_ms(start_ms)
+        for probe in range(start_ms + _DAY_MS, end_ms + _DAY_MS, _DAY_MS):
+            now = self._offset_ms(probe)
+            if now != offset:
+                changes.append(self._transition(previous, probe))
+            previous, offset = probe, now
+        return changes
+
+    def _min_gap_near(self, change_ms: int) -> float:
+        first = change_ms - 1
+        for _ in range(4):
+            earlier = self.latest_at_or_before(first - 1)
+            if earlier is None:
+                break
+            first = earlier
+        slots = [first]
+        while len(slots) < 64:
+            following = self.next_after(slots[-1])
+            if following is None:
+                break
+            slots.append(following)
+            if following > change_ms + _WINDOW_MS and len(slots) > 8:
+                break
+        return min((b - a for a, b in itertools.pairwise(slots)), default=math.inf)
 
     def describe(self) -> str:
-        raise NotImplementedError
+        return f'cron "{self.expression}" ({self.timezone})'
+
+    def __repr__(self) -> str:
+        return f"Cron({self.expression!r}, {self.timezone!r})"
+
+
+def _local_now(zone: ZoneInfo) -> datetime:
+    return datetime.now(zone).replace(tzinfo=None)
+
+
+def _croniter_message(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
