@@ -135,12 +135,12 @@ class Registry:
         for cls_entry in self.classes_for(alias):
             scheduler.register(cls_entry.cls(), prefix=cls_entry.prefix, defaults=dict(cls_entry.defaults))
 
-    def clear(self) -> None:
-        """Forget everything (tests only)."""
+    def forget(self, alias: str) -> None:
+        """Forget the jobs recorded for ``alias`` (tests that declare jobs of their own)."""
         with self._lock:
-            self._functions.clear()
-            self._classes.clear()
-            self._names.clear()
+            self._functions.pop(alias, None)
+            self._classes.pop(alias, None)
+            self._names.pop(alias, None)
 
 
 registry = Registry()
