@@ -11,12 +11,16 @@ class AnarchonConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.core.signals import setting_changed
+        from django.core.signals import request_started, setting_changed
         from django.utils.module_loading import autodiscover_modules
 
-        from . import conf
+        from . import checks, conf  # noqa: F401  (checks registers the system checks)
+        from .autostart import autostarter
         from .handler import schedulers
 
         setting_changed.connect(conf.reset, dispatch_uid="django_anarchon.conf.reset")
         setting_changed.connect(schedulers.reset, dispatch_uid="django_anarchon.handler.reset")
+        request_started.connect(
+            autostarter.on_request_started, dispatch_uid="django_anarchon.autostart"
+        )
         autodiscover_modules("jobs")
