@@ -1,0 +1,275 @@
+"""System checks (``manage.py check``) for settings, backends and jobs.
+
+They run the same validation the worker runs at start, but collect every problem with
+a stable id instead of stopping at the first one, so a deploy pipeline sees them all
+before a worker crashes in production. Ids and fixes are listed in ``docs/checks.md``.
+
+Nothing here connects to a store: backends are constructed (which must not do I/O)
+but never initialised.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+from django.utils.module_loading import import_string
+
+from . import conf
+from .backends.base import supports_leases
+from .durations import parse_duration, parse_optional_duration
+from .exceptions import ConfigurationError
+from .jobs import LEASE_OPTIONS, Job, build_job, check_dedupe_window
+from .registry import JobSpec, registry
+
+DATABASE_BACKEND = "django_anarchon.backends.database.DatabaseBackend"
+SQLITE_ENGINE = "django.db.backends.sqlite3"
+
+
+def _setting(alias: str, key: str | None = None) -> str:
+    return f"ANARCHON[{alias!r}]" + (f"[{key!r}]" if key else "")
+
+
+def check_settings(config: dict[str, dict[str, Any]]) -> list[CheckMessage]:
+    """anarchon.E001 for scheduler keys with a wrong type or value."""
+    errors: list[CheckMessage] = []
+
+    def bad(alias: str, key: str, exc: Exception | str) -> None:
+        errors.append(Error(
+            f"settings.{_setting(alias, key)}: {exc}",
+            hint="Fix the value in settings.ANARCHON; docs/options.md lists every key.",
+            id="anarchon.E001",
+        ))
+
+    for alias, entry in config.items():
+        try:
+            lease_ms: int | None = parse_duration(
+                entry["LEASE"], option=_setting(alias, "LEASE"), allow_zero=False
+            )
+        except ConfigurationError as exc:
+            bad(alias, "LEASE", exc)
+            lease_ms = None
+        try:
+            heartbeat_ms = parse_optional_duration(
+                entry["HEARTBEAT"], option=_setting(alias, "HEARTBEAT"), allow_zero=False
+            )
+        except ConfigurationError as exc:
+            bad(alias, "HEARTBEAT", exc)
+            heartbeat_ms = None
+        if lease_ms is not None and heartbeat_ms is not None and heartbeat_ms >= lease_ms:
+            bad(alias, "HEARTBEAT", f"the heartbeat ({heartbeat_ms} ms) must be shorter than LEASE "
+                f"({lease_ms} ms), or every lease lapses before it is renewed")
+        threads = entry["THREADS"]
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            bad(alias, "THREADS", f"expected a whole number of at least 1, got {threads!r}")
+        instance_id = entry["INSTANCE_ID"]
+        if instance_id is not None and not (isinstance(instance_id, str) and instance_id.strip()):
+            bad(alias, "INSTANCE_ID", f"expected a non-empty string or None, got {instance_id!r}")
+        if not isinstance(entry["AUTOSTART"], bool):
+            bad(alias, "AUTOSTART", f"expected True or False, got {entry['AUTOSTART']!r}")
+        if not isinstance(entry["OPTIONS"], dict):
+            bad(alias, "OPTIONS", f"expected a dict of the backend's keyword arguments, "
+                f"got {entry['OPTIONS']!r}")
+        if not isinstance(entry["JOB_DEFAULTS"], dict):
+            bad(alias, "JOB_DEFAULTS",
+                f"expected a dict of job options, got {entry['JOB_DEFAULTS']!r}")
+    return errors
+
+
+def load_backend(alias: str, entry: dict[str, Any]) -> tuple[Any, list[CheckMessage]]:
+    """The backend of one scheduler, or anarchon.E002 (import) / anarchon.E003 (constructor)."""
+    path = entry["BACKEND"]
+    try:
+        if not isinstance(path, str):
+            raise ImportError("BACKEND must be a dotted path to a backend class")
+        backend_class = import_string(path)
+    except ImportError as exc:
+        return None, [Error(
+            f"settings.{_setting(alias, 'BACKEND')} = {path!r} cannot be imported: {exc}",
+            hint="Use the dotted path of a backend class, e.g. "
+                 f"{conf.DEFAULT_BACKEND!r}, and install its extra (pip install "
+                 "'django-anarchon[redis]' ...).",
+            id="anarchon.E002",
+        )]
+    options = entry["OPTIONS"] if isinstance(entry["OPTIONS"], dict) else {}
+    try:
+        return backend_class(**options), []
+    except Exception as exc:  # any constructor error is the user's settings problem
+        return None, [Error(
+            f"settings.{_setting(alias, 'OPTIONS')} = {options!r}: the backend {path!r} refused "
+            f"them: {type(exc).__name__}: {exc}",
+            hint="Pass only keyword arguments the backend accepts (see its page in the docs).",
+            id="anarchon.E003",
+        )]
+
+
+def _job_error(alias: str, name: str, exc: Exception, origin: str) -> Error:
+    where = f" (defined at {origin})" if origin else ""
+    return Error(
+        f"scheduler {alias!r}: {exc}{where}",
+        hint="Fix the job's schedule or options; docs/options.md lists what each option takes.",
+        obj=name, id="anarchon.E004",
+    )
+
+
+def _specs(alias: str) -> Iterable[tuple[str, JobSpec, Any, dict[str, Any]]]:
+    """(name, spec, handler, extra defaults) of every job registered for ``alias``."""
+    for entry in registry.functions_for(alias):
+        yield entry.name, entry.job, entry.handler, {}
+    for cls_entry in registry.classes_for(alias):
+        for attr, value in inspect.getmembers(cls_entry.cls, callable):
+            for spec in getattr(value, "_anarchon_jobs", []):
+                name = f"{cls_entry.prefix}.{spec.name or attr}"
+                yield name, spec, value, dict(cls_entry.defaults)
+
+
+def check_jobs(
+    alias: str, entry: dict[str, Any], backend: Any, now_ms: int | None = None
+) -> list[CheckMessage]:
+    """E004 (invalid job), E005 (the backend cannot honour it), W002 (a one-off that never runs)."""
+    messages: list[CheckMessage] = []
+    job_defaults = entry["JOB_DEFAULTS"] if isinstance(entry["JOB_DEFAULTS"], dict) else {}
+    timezone = getattr(settings, "TIME_ZONE", None) or "UTC"
+    for name, spec, handler, class_defaults in _specs(alias):
+        options = {**job_defaults, **class_defaults, **spec.options}
+        if spec.kind != "cron":
+            options.pop("timezone", None)
+        if spec.kind != "every":
+            options.pop("offset", None)
+        if spec.kind == "once" and "overlap" not in spec.options:
+            options.pop("overlap", None)
+        try:
+            job = build_job(name, spec.kind, spec.spec, handler, options, default_timezone=timezone,
+                            origin=spec.origin)
+        except ConfigurationError as exc:
+            messages.append(_job_error(alias, name, exc, spec.origin))
+            continue
+        if backend is not None:
+            messages.extend(_check_backend_honours(alias, job, backend))
+        if job.is_expired(now_ms):
+            messages.append(Warning(
+                f"scheduler {alias!r}: the one-off job {name!r} was due at "
+                f"{job.schedule.describe().removeprefix('at ')}, longer ago than its catch_up "
+                f"({job.options.catch_up_ms} ms) plus max_late ({job.options.max_late_ms} ms) "
+                "allow: it will never run",
+                hint="Move the instant into the future, raise catch_up, or delete the job.",
+                obj=name, id="anarchon.W002",
+            ))
+    return messages
+
+
+def _check_backend_honours(alias: str, job: Job, backend: Any) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    backend_name = getattr(backend, "name", type(backend).__name__)
+    if not supports_leases(backend):
+        for option in sorted(job.options.lease_options_asked & LEASE_OPTIONS):
+            messages.append(Error(
+                f"scheduler {alias!r}: job {job.name!r} sets {option!r}, which needs leases, and "
+                f"the {backend_name} backend has none",
+                hint="Remove the option, or use a backend with leases (the database backend, "
+                     "or Redis with the 'lease' strategy).",
+                obj=job.name, id="anarchon.E005",
+            ))
+    refusals: list[ConfigurationError] = []
+    try:
+        check_dedupe_window(job, float(getattr(backend, "dedupe_window_ms", float("inf"))),
+                            backend_name)
+    except ConfigurationError as exc:
+        refusals.append(exc)
+    check_job = getattr(backend, "check_job", None)
+    if callable(check_job):
+        try:
+            check_job(job.limits())
+        except ConfigurationError as exc:
+            refusals.append(exc)
+    for refusal in refusals:
+        messages.append(Error(
+            f"scheduler {alias!r}: the {backend_name} backend cannot run job {job.name!r} "
+            f"safely: {refusal}",
+            hint="Change the job's options, or the backend's (a longer window, another strategy).",
+            obj=job.name, id="anarchon.E005",
+        ))
+    return messages
+
+
+def check_unknown_aliases(config: dict[str, dict[str, Any]]) -> list[CheckMessage]:
+    """anarchon.E006: jobs registered for a scheduler alias that settings do not define."""
+    messages: list[CheckMessage] = []
+    for alias in sorted(registry.aliases() - set(config)):
+        names = [name for name, *_ in _specs(alias)]
+        messages.append(Error(
+            f"jobs {', '.join(repr(n) for n in names)} use scheduler {alias!r}, which is not in "
+            f"settings.ANARCHON (configured: {', '.join(config) or 'none'})",
+            hint=f"Add {alias!r} to settings.ANARCHON or change the jobs' scheduler=... argument.",
+            obj=alias, id="anarchon.E006",
+        ))
+    return messages
+
+
+def check_sqlite(alias: str, entry: dict[str, Any], backend: Any) -> list[CheckMessage]:
+    """anarchon.W001: SQLite shared by several processes without IMMEDIATE transactions.
+
+    SQLite's default DEFERRED transactions upgrade to a write lock halfway through a
+    claim; a second process then gets "database is locked" at once instead of waiting.
+    """
+    if backend is None or not _is_database_backend(backend):
+        return []
+    options = entry["OPTIONS"] if isinstance(entry["OPTIONS"], dict) else {}
+    using = options.get("using", "default")
+    database: dict[str, Any] | None = settings.DATABASES.get(using)
+    if database is None or database.get("ENGINE") != SQLITE_ENGINE:
+        return []
+    db_options: dict[str, Any] = database.get("OPTIONS") or {}
+    problems = []
+    if str(db_options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+        problems.append("without \"transaction_mode\": \"IMMEDIATE\"")
+    if "timeout" not in db_options:
+        problems.append("without a \"timeout\" (SQLite's default is 5 s)")
+    if not problems:
+        return []
+    return [Warning(
+        f"scheduler {alias!r} keeps its runs in the SQLite database {using!r}, which is "
+        f"configured {' and '.join(problems)}; with several worker processes, claims fail "
+        "with \"database is locked\"",
+        hint=f"Set DATABASES[{using!r}]['OPTIONS'] = {{\"transaction_mode\": \"IMMEDIATE\", "
+             "\"timeout\": 20, \"init_command\": \"PRAGMA journal_mode=WAL;\"}, or use PostgreSQL.",
+        obj=using, id="anarchon.W001",
+    )]
+
+
+def _is_database_backend(backend: Any) -> bool:
+    for klass in type(backend).__mro__:
+        if f"{klass.__module__}.{klass.__qualname__}" == DATABASE_BACKEND:
+            return True
+    return False
+
+
+def run_all(now_ms: int | None = None) -> list[CheckMessage]:
+    """Every anarchon check, in id order per scheduler."""
+    try:
+        config = conf.get_config()
+    except ConfigurationError as exc:
+        return [Error(f"settings.ANARCHON: {exc}",
+                      hint="settings.ANARCHON is a dict of named schedulers, like CACHES; "
+                           "see docs/options.md.",
+                      id="anarchon.E001")]
+    messages = check_settings(config)
+    for alias, entry in config.items():
+        backend, errors = load_backend(alias, entry)
+        messages.extend(errors)
+        messages.extend(check_jobs(alias, entry, backend, now_ms))
+        messages.extend(check_sqlite(alias, entry, backend))
+    messages.extend(check_unknown_aliases(config))
+    return messages
+
+
+@register("anarchon")
+def anarchon_check(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """The ``django.core.checks`` entry point; runs when the app is installed."""
+    if app_configs is not None and not any(c.name == "django_anarchon" for c in app_configs):
+        return []
+    return run_all(int(time.time() * 1000))

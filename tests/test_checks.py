@@ -1,0 +1,216 @@
+"""System checks: each id is triggered by the setting or job it documents, and only by it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.core.checks import CheckMessage, run_checks
+from django.test import override_settings
+
+from django_anarchon import at, every
+from django_anarchon.backends.base import JobLimits
+from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.exceptions import ConfigurationError
+from django_anarchon.checks import run_all
+from django_anarchon.registry import registry
+
+MEMORY = "django_anarchon.backends.memory.MemoryBackend"
+
+
+@pytest.fixture(autouse=True)
+def isolated_registry() -> Iterator[None]:
+    """Each test sees only the jobs it declares; the registry is process-global."""
+    saved = (registry._functions, registry._classes, registry._names)
+    registry._functions, registry._classes, registry._names = {}, {}, {}
+    try:
+        yield
+    finally:
+        registry._functions, registry._classes, registry._names = saved
+
+
+def ids(messages: list[CheckMessage]) -> list[str]:
+    return sorted(str(m.id) for m in messages)
+
+
+def handler(ctx: Any) -> None:
+    """A job body; the checks never call it."""
+
+
+def memory(**extra: Any) -> dict[str, Any]:
+    return {"default": {"BACKEND": MEMORY, **extra}}
+
+
+def test_a_valid_configuration_passes() -> None:
+    with override_settings(ANARCHON=memory(LEASE="20s", HEARTBEAT="5s")):
+        every("10s", name="checks.fine")(handler)
+        assert run_all() == []
+
+
+def test_registered_with_django_and_run_by_check_command() -> None:
+    with override_settings(ANARCHON={"default": {"BACKEND": "no.such.Backend"}}):
+        messages = run_checks(tags=["anarchon"])
+    assert "anarchon.E002" in ids(messages)
+
+
+def test_e001_settings_not_a_dict() -> None:
+    with override_settings(ANARCHON=["default"]):
+        (message,) = run_all()
+    assert message.id == "anarchon.E001"
+    assert "ANARCHON" in message.msg
+
+
+def test_e001_unknown_key_names_the_key() -> None:
+    with override_settings(ANARCHON={"default": {"BACKEND": MEMORY, "LEASES": "30s"}}):
+        (message,) = run_all()
+    assert message.id == "anarchon.E001"
+    assert "LEASES" in message.msg
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"LEASE": "soon"}, "LEASE"),
+        ({"LEASE": "10s", "HEARTBEAT": "10s"}, "HEARTBEAT"),
+        ({"THREADS": 0}, "THREADS"),
+        ({"INSTANCE_ID": ""}, "INSTANCE_ID"),
+        ({"AUTOSTART": "yes"}, "AUTOSTART"),
+        ({"OPTIONS": ["x"]}, "OPTIONS"),
+        ({"JOB_DEFAULTS": "fast"}, "JOB_DEFAULTS"),
+    ],
+)
+def test_e001_bad_scheduler_values(extra: dict[str, Any], key: str) -> None:
+    with override_settings(ANARCHON=memory(**extra)):
+        messages = [m for m in run_all() if m.id == "anarchon.E001"]
+    assert len(messages) == 1, messages
+    assert f"['default'][{key!r}]" in messages[0].msg
+
+
+def test_e002_unknown_backend_path() -> None:
+    with override_settings(ANARCHON={"default": {"BACKEND": "django_anarchon.backends.nope.Nope"}}):
+        (message,) = run_all()
+    assert message.id == "anarchon.E002"
+    assert "django_anarchon.backends.nope.Nope" in message.msg
+
+
+def test_e003_backend_refuses_its_options() -> None:
+    with override_settings(ANARCHON=memory(OPTIONS={"colour": "blue"})):
+        (message,) = run_all()
+    assert message.id == "anarchon.E003"
+    assert "colour" in message.msg
+
+
+def test_e004_job_defaults_make_a_job_invalid() -> None:
+    every("10s", name="checks.defaults")(handler)
+    with override_settings(ANARCHON=memory(JOB_DEFAULTS={"history_size": 0})):
+        messages = run_all()
+    assert ids(messages) == ["anarchon.E004"]
+    assert messages[0].obj == "checks.defaults"
+    assert "history_size" in messages[0].msg
+
+
+def test_e005_lease_option_on_a_backend_without_leases() -> None:
+    every("10s", name="checks.retry", max_attempts=3, scheduler="noleases")(handler)
+    config = {**memory(), "noleases": {"BACKEND": "tests.test_checks.NoLeaseBackend"}}
+    with override_settings(ANARCHON=config):
+        messages = run_all()
+    assert ids(messages) == ["anarchon.E005"]
+    assert "max_attempts" in messages[0].msg and "checks.retry" in messages[0].msg
+
+
+def test_e005_default_lease_values_are_not_refused() -> None:
+    every("10s", name="checks.plain", max_attempts=1, scheduler="noleases")(handler)
+    config = {**memory(), "noleases": {"BACKEND": "tests.test_checks.NoLeaseBackend"}}
+    with override_settings(ANARCHON=config):
+        assert run_all() == []
+
+
+def test_e005_backend_check_job_and_dedupe_window() -> None:
+    every("10s", name="checks.late", max_late="10m", scheduler="noleases")(handler)
+    config = {**memory(), "noleases": {"BACKEND": "tests.test_checks.NoLeaseBackend"}}
+    with override_settings(ANARCHON=config):
+        messages = run_all()
+    # the 5-minute window is shorter than max_late, and check_job refuses too
+    assert ids(messages) == ["anarchon.E005", "anarchon.E005"]
+    assert any("dedupe window" in m.msg for m in messages)
+    assert any("refuses jitter" in m.msg for m in messages)
+
+
+def test_e006_jobs_for_an_unconfigured_scheduler() -> None:
+    every("10s", name="checks.orphan", scheduler="nightly")(handler)
+    with override_settings(ANARCHON=memory()):
+        (message,) = run_all()
+    assert message.id == "anarchon.E006"
+    assert "nightly" in message.msg and "checks.orphan" in message.msg
+
+
+def test_w002_one_off_in_the_past_warns_and_never_errors() -> None:
+    past = datetime.now(UTC) - timedelta(hours=2)
+    at(past, name="checks.gone")(handler)
+    at(past, name="checks.caught", catch_up="3h")(handler)
+    with override_settings(ANARCHON=memory()):
+        messages = run_all()
+    assert ids(messages) == ["anarchon.W002"]
+    assert messages[0].obj == "checks.gone"
+    assert messages[0].is_serious() is False
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_w001_sqlite_without_immediate() -> None:
+    databases = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    config = {"default": {"BACKEND": "tests.test_checks.FakeDatabaseBackend"}}
+    with override_settings(ANARCHON=config, DATABASES=databases):
+        (message,) = run_all()
+    assert message.id == "anarchon.W001"
+    assert "IMMEDIATE" in message.msg and "timeout" in message.msg
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_w001_silent_when_sqlite_is_configured_for_several_processes() -> None:
+    databases = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:",
+                             "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20}}}
+    config = {"default": {"BACKEND": "tests.test_checks.FakeDatabaseBackend"}}
+    with override_settings(ANARCHON=config, DATABASES=databases):
+        assert run_all() == []
+
+
+def test_every_problem_is_reported_not_only_the_first() -> None:
+    every("10s", name="checks.a", catch_up="1h", scheduler="noleases")(handler)
+    at(datetime.now(UTC) - timedelta(days=1), name="checks.b", scheduler="noleases")(handler)
+    config = {"default": {"BACKEND": MEMORY, "THREADS": -1},
+              "noleases": {"BACKEND": "tests.test_checks.NoLeaseBackend"}}
+    with override_settings(ANARCHON=config):
+        assert ids(run_all()) == ["anarchon.E001", "anarchon.E005", "anarchon.W002"]
+
+
+# Backends used above, imported by dotted path from settings.
+
+
+class NoLeaseBackend(MemoryBackend):
+    """A claim-only store that forgets claims after five minutes."""
+
+    name = "no-lease"
+    dedupe_window_ms = 300_000.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = None  # type: ignore[assignment]
+
+    def check_job(self, job: JobLimits) -> None:
+        if job.jitter_ms + job.max_late_ms > 120_000:
+            raise ConfigurationError("this store refuses jitter + max_late above 2m",
+                                     job=job.name, option="max_late", value=job.max_late_ms)
+
+
+class FakeDatabaseBackend(MemoryBackend):
+    """Stands in for the database backend's class path in the SQLite check."""
+
+    def __init__(self, using: str = "default") -> None:
+        super().__init__()
+        self.using = using
+
+
+FakeDatabaseBackend.__module__ = "django_anarchon.backends.database"
+FakeDatabaseBackend.__qualname__ = "DatabaseBackend"
