@@ -13,8 +13,8 @@ from django.test import override_settings
 from django_anarchon import at, every
 from django_anarchon.backends.base import JobLimits
 from django_anarchon.backends.memory import MemoryBackend
-from django_anarchon.exceptions import ConfigurationError
 from django_anarchon.checks import run_all
+from django_anarchon.exceptions import ConfigurationError
 from django_anarchon.registry import registry
 
 MEMORY = "django_anarchon.backends.memory.MemoryBackend"
