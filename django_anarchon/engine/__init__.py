@@ -1,0 +1,10 @@
+"""The engine: one timer, claims, runs and their records (asyncio)."""
+
+from __future__ import annotations
+
+from .context import JobContext
+from .events import Event
+from .scheduler import Scheduler
+from .signal import AbortSignal
+
+__all__ = ["AbortSignal", "Event", "JobContext", "Scheduler"]

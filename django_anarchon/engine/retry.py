@@ -1,0 +1,53 @@
+"""Store calls retried with exponential backoff.
+
+The caller keeps the same token across attempts: that is what makes a repeated claim,
+heartbeat or finish safe when the first one reached the store and only the answer got lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from .timer import now_ms
+
+__all__ = ["retry_store_call"]
+
+logger = logging.getLogger("django_anarchon")
+
+T = TypeVar("T")
+
+FIRST_DELAY_S = 0.05
+MAX_DELAY_S = 2.0
+
+
+async def retry_store_call(
+    what: str,
+    call: Callable[[], Awaitable[T]],
+    *,
+    deadline_ms: int | None = None,
+    give_up: Callable[[], bool] | None = None,
+) -> T:
+    """Await ``call()`` until it returns; re-raise its last error once the deadline passed.
+
+    ``what`` names the call in logs (scheduler, job, slot). ``give_up()`` lets the caller
+    stop early (the scheduler is stopping).
+    """
+    delay = FIRST_DELAY_S
+    failures = 0
+    while True:
+        try:
+            return await call()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures += 1
+            out_of_time = deadline_ms is not None and now_ms() + delay * 1000 > deadline_ms
+            if out_of_time or (give_up is not None and give_up()):
+                logger.error("%s failed %s time(s); giving up: %r", what, failures, exc)
+                raise
+            logger.warning("%s failed (%r); retry %s in %.2fs", what, exc, failures, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_DELAY_S)

@@ -1,0 +1,897 @@
+"""The scheduler: registered jobs, one timer, and the claim-run-record cycle of each slot.
+
+Everything runs on one asyncio loop (the one ``start()`` is awaited on). The timer wakes
+for the next due slot; each due slot gets a short-lived task that claims it and, on a
+win, runs it through the :class:`~.runner.Runner`. Nothing a handler, a callback or a
+store does may end the scheduler: every task catches, logs, emits ``error``, and goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import random
+import secrets
+import socket
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal, Protocol, TypeVar
+
+from asgiref.sync import async_to_sync
+
+from ..backends.base import (
+    Backend,
+    ClaimInput,
+    ClaimOutcome,
+    JobInfo,
+    RunClaim,
+    RunReason,
+    RunRecord,
+    ms_to_datetime,
+)
+from ..durations import parse_duration
+from ..exceptions import ConfigurationError, DuplicateJobError, UnknownJobError
+from ..jobs import (
+    COMMON_OPTIONS,
+    DEFAULTS,
+    Handler,
+    Job,
+    JobKind,
+    JobOptions,
+    build_job,
+    check_dedupe_window,
+    check_timezone,
+    validate_options,
+)
+from .events import Callback, Event, EventName, EventRegistry
+from .retry import retry_store_call
+from .runner import UNSET, Attempt, Runner, error_text
+from .timer import Timer, now_ms
+
+__all__ = ["JobSpecLike", "Scheduler"]
+
+logger = logging.getLogger("django_anarchon")
+
+T = TypeVar("T")
+
+
+class JobSpecLike(Protocol):
+    """What ``register()`` reads from a decorated method's ``_anarchon_jobs`` entries."""
+
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def kind(self) -> Literal["every", "cron", "once"]: ...
+    @property
+    def spec(self) -> Any: ...
+    @property
+    def options(self) -> Mapping[str, Any]: ...
+    @property
+    def origin(self) -> str: ...
+
+
+@dataclass
+class _JobState:
+    job: Job
+    #: The slot the timer is set for (``None``: nothing more to run).
+    next_slot: int | None = None
+
+
+def _new_token() -> str:
+    return secrets.token_hex(16)
+
+
+def _origin(handler: object) -> str:
+    module = getattr(handler, "__module__", None) or "?"
+    qualname = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    try:
+        line = inspect.getsourcelines(handler)[1]  # type: ignore[arg-type]
+        return f"{module}.{qualname} (line {line})"
+    except (OSError, TypeError):
+        return f"{module}.{qualname}"
+
+
+def default_instance_id() -> str:
+    """``host-pid-xxxx``: unique per process, readable in history."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+class Scheduler:
+    """Runs its jobs on every instance, each slot exactly once across instances.
+
+    ``backend`` is shared by every instance; ``lease``/``heartbeat`` matter on lease
+    stores (``backend.runs``). ``job_defaults`` are job options under every job's own.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        name: str = "default",
+        instance_id: str | None = None,
+        lease: object = "30s",
+        heartbeat: object = None,
+        job_defaults: Mapping[str, Any] | None = None,
+        data: Any = None,
+        threads: int = 10,
+        default_timezone: str = "UTC",
+    ) -> None:
+        self.name = name
+        self.backend = backend
+        self.instance_id = instance_id if instance_id is not None else default_instance_id()
+        if not isinstance(self.instance_id, str) or not self.instance_id:
+            self._config_error("must be a non-empty string", "instance_id", instance_id)
+        self.lease_ms = self._duration(lease, "lease")
+        if self.lease_ms <= 0:
+            self._config_error("must be longer than zero", "lease", lease)
+        self.heartbeat_ms = (
+            max(self.lease_ms // 3, 1)
+            if heartbeat is None
+            else self._duration(heartbeat, "heartbeat")
+        )
+        if not 0 < self.heartbeat_ms < self.lease_ms:
+            self._config_error(
+                f"must be longer than zero and shorter than the lease ({self.lease_ms} ms)",
+                "heartbeat",
+                heartbeat,
+            )
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            self._config_error("expected a whole number of at least 1", "threads", threads)
+        self.threads = threads
+        try:
+            self.default_timezone = check_timezone(f"<scheduler {name}>", default_timezone)
+        except ConfigurationError as exc:
+            self._config_error(str(exc), "default_timezone", default_timezone)
+        self.job_defaults = self._defaults(job_defaults)
+        self.data = data
+        self._jobs: dict[str, _JobState] = {}
+        self._events = EventRegistry()
+        self._runner = Runner(self)
+        self._pool: ThreadPoolExecutor | None = None
+        self._timer: Timer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._stopping = False
+        self._stop_event: asyncio.Event | None = None
+        self._stopped: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._attempts: set[Attempt] = set()
+        self._initialized = False
+
+    # -- configuration helpers ------------------------------------------------------
+
+    def _config_error(self, message: str, option: str, value: object) -> None:
+        error = ConfigurationError(
+            f"scheduler {self.name!r}: option {option!r} = {value!r}: {message}"
+        )
+        error.option, error.value = option, value
+        raise error
+
+    def _duration(self, value: object, option: str) -> int:
+        try:
+            return parse_duration(value, option=option)
+        except ConfigurationError as exc:
+            self._config_error(str(exc).split(": ", 1)[-1], option, value)
+            raise  # unreachable; for type checkers
+
+    def _defaults(self, job_defaults: Mapping[str, Any] | None) -> JobOptions:
+        if not job_defaults:
+            return DEFAULTS
+        if not isinstance(job_defaults, Mapping):
+            self._config_error("expected a dict of job options", "job_defaults", job_defaults)
+        for option, value in job_defaults.items():
+            if option not in COMMON_OPTIONS:
+                self._config_error(
+                    "unknown option in job_defaults; known options: "
+                    + ", ".join(sorted(COMMON_OPTIONS)),
+                    option,
+                    value,
+                )
+        try:
+            return validate_options(
+                f"<job_defaults of scheduler {self.name}>", "every", job_defaults
+            )[0]
+        except ConfigurationError as exc:
+            error = ConfigurationError(f"scheduler {self.name!r}, job_defaults: {exc}")
+            error.option, error.value = exc.option, exc.value
+            raise error from None
+
+    # -- registration ---------------------------------------------------------------
+
+    def every(
+        self, name: str, interval: object, handler: Handler | None = None, **options: Any
+    ) -> Any:
+        """Run ``handler`` every ``interval``; without a handler, return a decorator."""
+        return self._define(name, "every", interval, handler, options)
+
+    def cron(
+        self,
+        name: str,
+        expression: str,
+        handler: Handler | None = None,
+        timezone: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Run ``handler`` on a cron expression in ``timezone`` (default: the scheduler's)."""
+        if timezone is not None:
+            options["timezone"] = timezone
+        return self._define(name, "cron", expression, handler, options)
+
+    def at(self, name: str, when: object, handler: Handler | None = None, **options: Any) -> Any:
+        """Run ``handler`` once at ``when`` (an aware datetime or an ISO 8601 string)."""
+        return self._define(name, "once", when, handler, options)
+
+    def _define(
+        self,
+        name: str,
+        kind: JobKind,
+        spec: object,
+        handler: Handler | None,
+        options: dict[str, Any],
+    ) -> Any:
+        if handler is None:
+
+            def decorator(fn: Handler) -> Handler:
+                self._define(name, kind, spec, fn, options)
+                return fn
+
+            return decorator
+        job = build_job(
+            name,
+            kind,
+            spec,
+            handler,
+            options,
+            defaults=self.job_defaults,
+            default_timezone=self.default_timezone,
+            origin=_origin(handler),
+        )
+        self._check(job, options)
+        return self._add(job)
+
+    def register(
+        self, obj: object, prefix: str | None = None, defaults: Mapping[str, Any] | None = None
+    ) -> list[Job]:
+        """Register the decorated methods of ``obj`` as ``{prefix}.{name}`` jobs.
+
+        ``prefix`` defaults to the class name; ``defaults`` are options under each
+        method's own. All of the object's jobs are validated before any is added.
+        """
+        cls = type(obj)
+        prefix = cls.__name__ if prefix is None else prefix
+        built: list[tuple[Job, dict[str, Any]]] = []
+        for attr in dir(cls):
+            specs: Iterable[JobSpecLike] = getattr(getattr(cls, attr, None), "_anarchon_jobs", ())
+            for spec in specs:
+                options = {**(defaults or {}), **spec.options}
+                options.pop("name", None)
+                options.pop("scheduler", None)
+                job_name = f"{prefix}.{spec.name or attr}" if prefix else (spec.name or attr)
+                job = build_job(
+                    job_name,
+                    spec.kind,
+                    spec.spec,
+                    getattr(obj, attr),
+                    options,
+                    defaults=self.job_defaults,
+                    default_timezone=self.default_timezone,
+                    origin=spec.origin or _origin(getattr(cls, attr)),
+                )
+                self._check(job, options)
+                built.append((job, options))
+        names = [job.name for job, _ in built]
+        for job, _ in built:
+            if names.count(job.name) > 1:
+                raise DuplicateJobError(
+                    f"defined twice in {cls.__qualname__}",
+                    job=job.name,
+                    option="name",
+                    value=job.name,
+                )
+        return [self._add(job) for job, _ in built]
+
+    def add_job(self, job: Job) -> Job:
+        """Register a prebuilt :class:`~django_anarchon.jobs.Job` (options already validated)."""
+        self._check(job, {})
+        return self._add(job)
+
+    def _check(self, job: Job, given: Mapping[str, Any]) -> None:
+        existing = self._jobs.get(job.name)
+        if existing is not None:
+            raise DuplicateJobError(
+                f"already registered on scheduler {self.name!r} by {existing.job.origin or '?'}; "
+                f"registered again by {job.origin or '?'}",
+                job=job.name,
+                option="name",
+                value=job.name,
+            )
+        options = job.options
+        if getattr(self.backend, "runs", None) is None and options.lease_options_asked:
+            option = sorted(options.lease_options_asked)[0]
+            value = given.get(
+                option,
+                {
+                    "overlap": options.overlap,
+                    "max_attempts": options.max_attempts,
+                    "catch_up": options.catch_up_ms,
+                }.get(option),
+            )
+            raise ConfigurationError(
+                f"needs a backend with leases; the {self.backend.name} backend has none",
+                job=job.name,
+                option=option,
+                value=value,
+            )
+        check_dedupe_window(job, self.backend.dedupe_window_ms, self.backend.name)
+        check_job = getattr(self.backend, "check_job", None)
+        if callable(check_job):
+            check_job(job.limits())
+        if job.is_expired():
+            logger.warning(
+                "scheduler %s: one-off job %s was due at %s, longer ago than catch_up + max_late; "
+                "it is registered but will not run",
+                self.name,
+                job.name,
+                job.schedule.describe(),
+            )
+
+    def _add(self, job: Job) -> Job:
+        state = _JobState(job)
+        self._jobs[job.name] = state
+        if self._running and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._arm_new, state)
+        return job
+
+    def unregister(self, name: str) -> None:
+        """Forget a job; its runs in flight here finish normally."""
+        self._state(name)
+        del self._jobs[name]
+        if self._timer is not None:
+            self._timer.cancel(name)
+
+    def jobs(self) -> list[JobInfo]:
+        now = now_ms()
+        infos = []
+        for state in self._jobs.values():
+            job = state.job
+            if self._running:
+                slot = state.next_slot
+            else:
+                slot = None if job.is_expired(now) else self._initial_slot(job, now)
+            options = {
+                k: v
+                for k, v in asdict(job.options).items()
+                if k not in ("data", "lease_options_asked")
+            }
+            infos.append(
+                JobInfo(
+                    name=job.name,
+                    type=job.kind,
+                    schedule=job.schedule.describe(),
+                    next_run_at=None if slot is None else ms_to_datetime(slot),
+                    running_here=sum(1 for a in list(self._attempts) if a.job.name == job.name),
+                    options=options,
+                )
+            )
+        return infos
+
+    def get_job(self, name: str) -> Job:
+        return self._state(name).job
+
+    def _state(self, name: str) -> _JobState:
+        state = self._jobs.get(name)
+        if state is None:
+            raise UnknownJobError(f"scheduler {self.name!r} has no job {name!r}")
+        return state
+
+    # -- events -----------------------------------------------------------------------
+
+    def on(self, event: str, callback: Callback) -> None:
+        """Call ``callback(event)`` (sync or async) on each ``event``."""
+        self._events.on(event, callback)
+
+    def off(self, event: str, callback: Callback) -> None:
+        self._events.off(event, callback)
+
+    async def emit(self, event: Event) -> None:
+        try:
+            await self._events.emit(event, Scheduler, self)
+        except Exception:  # pragma: no cover - emit already guards each callback
+            logger.exception("scheduler %s: emitting %s failed", self.name, event.name)
+
+    async def _emit(
+        self,
+        name: EventName,
+        job: Job | None = None,
+        slot: int | None = None,
+        error: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        await self.emit(
+            Event(
+                name=name,
+                scheduler=self.name,
+                instance_id=self.instance_id,
+                job=None if job is None else job.name,
+                slot=slot,
+                error=error,
+                reason=reason,
+            )
+        )
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                self.threads, thread_name_prefix=f"anarchon-{self.name}"
+            )
+        return self._pool
+
+    async def _ensure_init(self) -> None:
+        if not self._initialized:
+            await self.backend.init()
+            self._initialized = True
+
+    async def start(self) -> None:
+        """Initialise the backend and the jobs, catch up missed runs, start the timer."""
+        if self._running:
+            return
+        await self.backend.init()
+        self._initialized = True
+        for state in list(self._jobs.values()):
+            await self.backend.prepare_job(state.job.name, state.job.options.history_size)
+        self._loop = asyncio.get_running_loop()
+        self._stopping = False
+        self._stop_event = asyncio.Event()
+        self._stopped = None
+        self._timer = Timer(self._fire, label=f"scheduler {self.name}")
+        self._running = True
+        now = now_ms()
+        for state in list(self._jobs.values()):
+            self._arm(state, now, initial=True)
+            self._catch_up(state.job, now)
+        self._timer.start()
+        logger.info(
+            "scheduler %s started: instance %s, backend %s, %s job(s)",
+            self.name,
+            self.instance_id,
+            self.backend.name,
+            len(self._jobs),
+        )
+
+    async def stop(self, grace: object = "30s") -> None:
+        """Stop claiming; give running handlers ``grace`` to end, then hand their runs over."""
+        grace_ms = self._duration(grace, "grace")
+        if not self._running:
+            return
+        if self._stopped is not None:
+            await asyncio.shield(self._stopped)
+            return
+        loop = asyncio.get_running_loop()
+        self._stopped = loop.create_future()
+        try:
+            await self._shutdown(grace_ms)
+        finally:
+            self._running = False
+            self._loop = None
+            if not self._stopped.done():
+                self._stopped.set_result(None)
+            logger.info("scheduler %s stopped", self.name)
+
+    async def _shutdown(self, grace_ms: int) -> None:
+        self._stopping = True
+        assert self._stop_event is not None
+        self._stop_event.set()
+        if self._timer is not None:
+            await self._timer.stop()
+        for attempt in list(self._attempts):
+            attempt.abort("stop")
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=grace_ms / 1000)
+        for attempt in list(self._attempts):
+            logger.warning(
+                "scheduler %s: job %s slot %s still running after the grace; "
+                "recording it interrupted and releasing its lease",
+                self.name,
+                attempt.job.name,
+                attempt.slot,
+            )
+            attempt.interrupt("stop")
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=10)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    async def serve(self, grace: object = "30s") -> None:
+        """Start, run until :meth:`stop`/:meth:`request_stop` or cancellation, then stop."""
+        await self.start()
+        assert self._stop_event is not None
+        try:
+            await self._stop_event.wait()
+        finally:
+            await self.stop(grace)
+
+    def request_stop(self) -> None:
+        """Make :meth:`serve` return (it then stops with its grace); safe from any thread."""
+        loop, event = self._loop, self._stop_event
+        if loop is None or event is None:
+            return
+        loop.call_soon_threadsafe(event.set)
+
+    # -- the timer and due slots ------------------------------------------------------
+
+    def _initial_slot(self, job: Job, now: int) -> int | None:
+        """The slot still runnable now (due within max_late), else the next one."""
+        latest = job.schedule.latest_at_or_before(now)
+        if latest is not None and now <= latest + job.options.max_late_ms:
+            return latest
+        return job.schedule.next_after(now)
+
+    def _arm_new(self, state: _JobState) -> None:
+        if self._running and self._jobs.get(state.job.name) is state:
+            self._spawn(self._prepare_and_arm(state), f"prepare {state.job.name}")
+
+    async def _prepare_and_arm(self, state: _JobState) -> None:
+        job = state.job
+        await retry_store_call(
+            f"scheduler {self.name}: prepare_job {job.name}",
+            lambda: self.backend.prepare_job(job.name, job.options.history_size),
+            deadline_ms=now_ms() + 60_000,
+            give_up=lambda: self._stopping,
+        )
+        if self._running and self._jobs.get(job.name) is state:
+            self._arm(state, now_ms(), initial=True)
+
+    def _arm(self, state: _JobState, now: int, *, initial: bool) -> None:
+        job = state.job
+        if initial:
+            slot = None if job.is_expired(now) else self._initial_slot(job, now)
+        else:
+            assert state.next_slot is not None
+            slot = job.schedule.next_after(state.next_slot)
+            if slot is not None and slot + job.options.max_late_ms < now:
+                # The loop was held up for longer than max_late: those slots are gone.
+                skipped_from = slot
+                slot = job.schedule.next_after(now - job.options.max_late_ms - 1)
+                logger.warning(
+                    "scheduler %s: job %s fell behind; slots from %s to %s are too late",
+                    self.name,
+                    job.name,
+                    skipped_from,
+                    slot,
+                )
+        state.next_slot = slot
+        if self._timer is None:
+            return
+        if slot is None:
+            self._timer.cancel(job.name)
+            return
+        jitter = int(random.random() * job.options.jitter_ms) if job.options.jitter_ms else 0
+        self._timer.schedule(job.name, slot + jitter)
+
+    def _fire(self, name: str, due: int) -> None:
+        state = self._jobs.get(name)
+        if state is None or state.next_slot is None or self._stopping:
+            return
+        slot = state.next_slot
+        self._arm(state, now_ms(), initial=False)
+        self._spawn(self._slot_flow(state.job, slot), f"{name}@{slot}")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], label: str) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(self._guard(coro, label), name=f"anarchon {label}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guard(self, coro: Coroutine[Any, Any, None], label: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("scheduler %s: %s failed; the scheduler goes on", self.name, label)
+            await self._emit("error", error=error_text(exc), reason=label)
+
+    async def _slot_flow(self, job: Job, slot: int) -> None:
+        if self._stopping:
+            return
+        if now_ms() > slot + job.options.max_late_ms:
+            await self._emit("skip", job, slot, reason="late")
+            return
+        if self.backend.runs is None:
+            await self._claim_only(job, slot)
+        else:
+            claim = self._run_claim(job, slot, "scheduled", job.options.max_late_ms)
+            await self._lease_claim(job, claim, slot + job.options.max_late_ms)
+
+    def _catch_up(self, job: Job, now: int) -> None:
+        options = job.options
+        if self.backend.runs is None or options.catch_up_ms <= 0:
+            return
+        slot = job.schedule.latest_at_or_before(now)
+        if slot is None or now <= slot + options.max_late_ms or now - slot > options.catch_up_ms:
+            return
+        claim = self._run_claim(job, slot, "catch-up", None)
+        self._spawn(
+            self._lease_claim(job, claim, now + self.lease_ms), f"catch-up {job.name}@{slot}"
+        )
+
+    # -- claims -----------------------------------------------------------------------
+
+    def _run_claim(
+        self, job: Job, slot: int, reason: RunReason, max_late_ms: int | None
+    ) -> RunClaim:
+        o = job.options
+        return RunClaim(
+            job=job.name,
+            slot=slot,
+            token=_new_token(),
+            instance_id=self.instance_id,
+            history_size=o.history_size,
+            history_ttl_ms=o.history_ttl_ms,
+            mode="new",
+            reason=reason,
+            lease_ms=self.lease_ms,
+            overlap=o.overlap,
+            max_attempts=o.max_attempts,
+            max_late_ms=max_late_ms,
+            keep_ms=o.keep_ms,
+        )
+
+    async def _claim_only(self, job: Job, slot: int) -> None:
+        o = job.options
+        claim = ClaimInput(
+            job=job.name,
+            slot=slot,
+            token=_new_token(),
+            instance_id=self.instance_id,
+            history_size=o.history_size,
+            history_ttl_ms=o.history_ttl_ms,
+        )
+        what = f"scheduler {self.name}: claim of job {job.name} slot {slot}"
+        try:
+            won = await retry_store_call(
+                what,
+                lambda: self.backend.claim(claim),
+                deadline_ms=slot + o.max_late_ms,
+                give_up=lambda: self._stopping,
+            )
+        except Exception as exc:
+            await self._emit("error", job, slot, error=error_text(exc), reason="claim")
+            if not self._stopping:
+                await self._emit("skip", job, slot, reason="late")
+            return
+        if not won:
+            return
+        record_claim = getattr(self.backend, "record_claim", None)
+        if callable(record_claim):
+            try:
+                await retry_store_call(
+                    f"{what}: record_claim",
+                    lambda: record_claim(claim),
+                    deadline_ms=now_ms() + 30_000,
+                )
+            except Exception as exc:
+                await self._emit("error", job, slot, error=error_text(exc), reason="record_claim")
+        await self._run(
+            Attempt(job=job, slot=slot, attempt=1, reason="scheduled", token=claim.token)
+        )
+
+    async def _send_claim(self, claim: RunClaim, deadline_ms: int) -> ClaimOutcome | None:
+        runs = self.backend.runs
+        assert runs is not None
+        what = f"scheduler {self.name}: {claim.mode} claim of job {claim.job} slot {claim.slot}"
+        try:
+            return await retry_store_call(
+                what,
+                lambda: runs.claim(claim),
+                deadline_ms=deadline_ms,
+                give_up=lambda: self._stopping,
+            )
+        except Exception as exc:
+            await self._emit(
+                "error",
+                self._jobs[claim.job].job if claim.job in self._jobs else None,
+                claim.slot,
+                error=error_text(exc),
+                reason="claim",
+            )
+            return None
+
+    async def _lease_claim(self, job: Job, claim: RunClaim, deadline_ms: int) -> None:
+        """Claim on a lease store and follow the answer: run, watch, retry or skip."""
+        outcome = await self._send_claim(claim, deadline_ms)
+        if outcome is None:
+            if not self._stopping:
+                await self._emit("skip", job, claim.slot, reason="late")
+            return
+        while True:
+            kind = outcome.kind
+            if kind == "won":
+                attempt = Attempt(
+                    job=job,
+                    slot=claim.slot,
+                    attempt=outcome.attempt or 1,
+                    reason=claim.reason if claim.mode == "new" else "takeover",
+                    token=claim.token,
+                    lease=True,
+                )
+                if self._stopping:
+                    await self._hand_back(attempt)
+                    return
+                record = await self._run(attempt)
+                if (
+                    record.status == "success"
+                    or attempt.lost
+                    or self._stopping
+                    or attempt.attempt >= job.options.max_attempts
+                ):
+                    return
+                claim = replace(claim, token=_new_token(), mode="new")  # a retry
+                next_outcome = await self._send_claim(claim, now_ms() + self.lease_ms)
+            elif kind == "running":
+                watched = await self._watch(job, claim)
+                if watched is None:
+                    return
+                claim, next_outcome = watched
+            elif kind == "overlap":
+                await self._emit("skip", job, claim.slot, reason="overlap")
+                return
+            elif kind == "late":
+                await self._emit("skip", job, claim.slot, reason="late")
+                return
+            else:  # done, none, and kinds this version does not know
+                return
+            if next_outcome is None:
+                return
+            outcome = next_outcome
+
+    async def _watch(self, job: Job, claim: RunClaim) -> tuple[RunClaim, ClaimOutcome] | None:
+        """Keep an eye on another instance's run; take it over once its lease lapses."""
+        runs = self.backend.runs
+        assert runs is not None and self._stop_event is not None
+        while not self._stopping:
+            try:
+                async with asyncio.timeout(self.heartbeat_ms / 1000):
+                    await self._stop_event.wait()
+                return None
+            except TimeoutError:
+                pass
+            try:
+                active = await runs.active(job.name)
+            except Exception as exc:
+                logger.warning(
+                    "scheduler %s: active(%s) failed while watching slot %s: %r",
+                    self.name,
+                    job.name,
+                    claim.slot,
+                    exc,
+                )
+                continue
+            if any(run.slot == claim.slot and run.alive for run in active):
+                continue
+            takeover = replace(
+                claim, token=_new_token(), mode="takeover", reason="takeover", max_late_ms=None
+            )
+            outcome = await self._send_claim(takeover, now_ms() + self.lease_ms)
+            if outcome is None or outcome.kind == "running":
+                continue
+            return takeover, outcome
+        return None
+
+    async def _hand_back(self, attempt: Attempt) -> None:
+        """A claim won while stopping: release it so a backup runs it at once."""
+        runs = self.backend.runs
+        assert runs is not None and attempt.token is not None
+        token = attempt.token
+        try:
+            await runs.release(attempt.job.name, attempt.slot, token)
+        except Exception as exc:
+            logger.warning(
+                "scheduler %s: release of job %s slot %s failed: %r",
+                self.name,
+                attempt.job.name,
+                attempt.slot,
+                exc,
+            )
+
+    async def _run(self, attempt: Attempt) -> RunRecord:
+        self._attempts.add(attempt)
+        try:
+            return await self._runner.run(attempt)
+        finally:
+            self._attempts.discard(attempt)
+
+    # -- manual runs and history --------------------------------------------------------
+
+    async def arun_now(self, name: str, data: Any = None) -> RunRecord:
+        """Run ``name`` now on this instance (manual, never deduplicated) and return its record."""
+        job = self._state(name).job
+        await self._ensure_init()
+        o = job.options
+        claim = ClaimInput(
+            job=job.name,
+            slot=now_ms(),
+            token=_new_token(),
+            instance_id=self.instance_id,
+            history_size=o.history_size,
+            history_ttl_ms=o.history_ttl_ms,
+        )
+        slot = await retry_store_call(
+            f"scheduler {self.name}: record_manual_run of job {job.name}",
+            lambda: self.backend.record_manual_run(claim),
+            deadline_ms=now_ms() + 30_000,
+        )
+        attempt = Attempt(
+            job=job,
+            slot=slot if isinstance(slot, int) and not isinstance(slot, bool) else claim.slot,
+            attempt=1,
+            reason="manual",
+            token=claim.token,
+            manual=True,
+            lease=False,
+            run_data=UNSET if data is None else data,
+        )
+        if self._stopping:
+            attempt.abort("stop")
+        return await self._run(attempt)
+
+    def run_now(self, name: str, data: Any = None) -> RunRecord:
+        """Sync twin of :meth:`arun_now`."""
+        return self._sync("run_now", self.arun_now, name, data)
+
+    async def ahistory(self, name: str, limit: int = 20) -> list[RunRecord]:
+        """The latest attempts of ``name`` on every instance, newest first."""
+        self._state(name)
+        await self._ensure_init()
+        return await self.backend.history(name, limit)
+
+    def history(self, name: str, limit: int = 20) -> list[RunRecord]:
+        return self._sync("history", self.ahistory, name, limit)
+
+    async def alast_run(self, name: str) -> RunRecord | None:
+        records = await self.ahistory(name, 1)
+        return records[0] if records else None
+
+    def last_run(self, name: str) -> RunRecord | None:
+        return self._sync("last_run", self.alast_run, name)
+
+    def _sync(self, what: str, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        """Call an async method from sync code, on the scheduler's loop when it runs."""
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        loop = self._loop
+        if self._running and loop is not None:
+            if current is loop:
+                raise RuntimeError(
+                    f"scheduler {self.name!r}: {what}() would block its own event loop; "
+                    f"use `await scheduler.a{what}(...)` in async code"
+                )
+            return asyncio.run_coroutine_threadsafe(fn(*args), loop).result()
+        if current is not None:
+            raise RuntimeError(
+                f"scheduler {self.name!r}: {what}() is synchronous and this thread runs an event "
+                f"loop; use `await scheduler.a{what}(...)`"
+            )
+        return async_to_sync(fn)(*args)
+
+    def __repr__(self) -> str:
+        state = "running" if self._running else "stopped"
+        return (
+            f"<Scheduler {self.name!r} {state} instance={self.instance_id!r} "
+            f"backend={self.backend.name!r} jobs={len(self._jobs)}>"
+        )

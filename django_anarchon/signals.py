@@ -1,0 +1,30 @@
+"""Django signals that mirror the scheduler events, for apps without a scheduler object.
+
+Each is sent with ``sender`` = the :class:`~django_anarchon.engine.Scheduler` class and two
+keyword arguments: ``scheduler`` (the instance) and ``event`` (the frozen
+:class:`~django_anarchon.engine.events.Event` payload: job, slot, scheduled_at,
+instance_id, record, error, reason). Receivers run through ``asend_robust``: an exception
+in a receiver is logged and never breaks a run.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+__all__ = [
+    "run_failed",
+    "run_interrupted",
+    "run_lost",
+    "run_skipped",
+    "run_started",
+    "run_succeeded",
+    "scheduler_error",
+]
+
+run_started = Signal()
+run_succeeded = Signal()
+run_failed = Signal()
+run_interrupted = Signal()
+run_skipped = Signal()
+run_lost = Signal()
+scheduler_error = Signal()
