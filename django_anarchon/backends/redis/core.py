@@ -1,0 +1,570 @@
+"""What the Redis and Valkey backends share: connections, keys, and the script calls.
+
+The client library (redis-py or valkey) is reached through a small ``Driver`` so that
+neither is imported until a backend is built, and the two backends differ only in it.
+
+Clients are bound to an event loop. The engine calls a backend from its own loop, and
+the sync twins (``run_now()``, ``history()``) from a fresh loop each time, possibly
+from several threads at once, so the backend keeps one client per running loop, made
+on first use; a client whose loop has closed is dropped. A client given by the user is
+used as it is, on whatever loop the user made it for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import socket
+import threading
+from collections.abc import Sequence
+from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
+
+from ...exceptions import ConfigurationError
+from ..base import (
+    ActiveRun,
+    BaseBackend,
+    ClaimInput,
+    ClaimOutcome,
+    ClaimRecord,
+    FinalStatus,
+    JobLimits,
+    RunClaim,
+    RunRecord,
+    StoredResult,
+    build_history,
+)
+from . import scripts
+from .scripts import Script
+from .strategies import IDMP_MIN_VERSION, STRATEGY_NAMES, StrategyName, parse_strategy
+
+__all__ = ["Driver", "RedisProtocolBackend", "RedisRunStore"]
+
+#: A finished run is remembered this long when the claim did not say (``keep_ms``)...
+DEFAULT_KEEP_MS = 86_400_000
+#: ...and never less than this, whatever it said.
+MIN_KEEP_MS = 10_000
+#: Calls are retried on a dropped connection; the token makes a repeated claim safe.
+RETRIES = 3
+STORE_FORMAT = 1
+
+
+class Driver:
+    """The client library of a backend: how to build a client and which errors it raises."""
+
+    #: Distribution name shown in the "not installed" error, and the pip extra.
+    package: ClassVar[str] = "redis"
+    extra: ClassVar[str] = "redis"
+
+    def module(self) -> Any:
+        raise NotImplementedError
+
+    def cluster_module(self) -> Any:
+        raise NotImplementedError
+
+    def client_class(self) -> Any:
+        raise NotImplementedError
+
+    def cluster_class(self) -> Any:
+        raise NotImplementedError
+
+    def exceptions(self) -> Any:
+        return self.module().exceptions
+
+    def connection_errors(self) -> tuple[type[BaseException], ...]:
+        exc = self.exceptions()
+        return (exc.ConnectionError, exc.TimeoutError)
+
+    def no_script_error(self) -> type[BaseException]:
+        return self.exceptions().NoScriptError  # type: ignore[no-any-return]
+
+    def missing(self, error: ImportError) -> ConfigurationError:
+        return ConfigurationError(
+            f"the {self.package!r} client library is not installed "
+            f"(pip install django-anarchon[{self.extra}]): {error}",
+            option="BACKEND", value=type(self).__name__,
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _tag(job: str) -> str:
+    """The job's hash tag: the name itself, or a digest when braces would break the tag."""
+    if not job or "{" in job or "}" in job:
+        return "h" + hashlib.sha1(job.encode()).hexdigest()[:20]
+    return job
+
+
+def _record_field(slot: int, attempt: int, manual: bool, by: str) -> str:
+    return f"{slot:015d}:{attempt:05d}:{int(manual)}:{by}"
+
+
+def _opt(value: int | None) -> str:
+    return "" if value is None else str(int(value))
+
+
+def _abandon(client: Any) -> None:
+    """Shut the sockets of a client whose event loop is gone (it cannot be awaited)."""
+    pool = getattr(client, "connection_pool", None)
+    conns = [
+        *getattr(pool, "_available_connections", ()),
+        *getattr(pool, "_in_use_connections", ()),
+    ]
+    for conn in conns:
+        writer = getattr(conn, "_writer", None)
+        if writer is None:
+            continue
+        with contextlib.suppress(Exception):
+            sock = writer.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(Exception):
+            conn._reader = None
+            conn._writer = None
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
+
+
+class RedisProtocolBackend(BaseBackend):
+    """A backend on a server that speaks the Redis protocol and runs Lua scripts.
+
+    Settings (``OPTIONS``): ``client=`` an existing asyncio client (used as is, never
+    closed), or ``url=``, or ``host``/``port``/``username``/``password``/``db``/``ssl``;
+    ``cluster=True`` for a Redis Cluster; ``client_options`` passed to the client
+    (TLS certificates, timeouts); ``strategy`` a name or a dict with its settings;
+    ``key_prefix`` before every key.
+    """
+
+    name: ClassVar[str] = "redis"
+    driver: ClassVar[Driver]
+    strategies: ClassVar[tuple[StrategyName, ...]] = STRATEGY_NAMES
+    product: ClassVar[str] = "Redis"
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        client: Any = None,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        username: str | None = None,
+        password: str | None = None,
+        db: int = 0,
+        ssl: bool = False,
+        cluster: bool = False,
+        client_options: dict[str, Any] | None = None,
+        strategy: str | dict[str, Any] = "lease",
+        key_prefix: str = "anarchon",
+    ) -> None:
+        self.strategy = parse_strategy(strategy, backend=self.product, allowed=self.strategies)
+        if not isinstance(key_prefix, str) or not key_prefix or set("{}") & set(key_prefix):
+            raise ConfigurationError(
+                "a non-empty string without braces (braces would change the hash tag)",
+                option="key_prefix", value=key_prefix,
+            )
+        if client is not None and url is not None:
+            raise ConfigurationError(
+                "give either client= or url=, not both", option="url", value=_redact(url)
+            )
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            raise ConfigurationError("a TCP port from 1 to 65535", option="port", value=port)
+        if not isinstance(db, int) or isinstance(db, bool) or db < 0:
+            raise ConfigurationError("a database number, 0 or more", option="db", value=db)
+        if cluster and db:
+            raise ConfigurationError("Redis Cluster has database 0 only", option="db", value=db)
+        self.key_prefix = key_prefix
+        self._url = url
+        self._given = client
+        self._host = host
+        self._port = port
+        self._username = username
+        self._password = password
+        self._db = db
+        self._ssl = ssl
+        self._cluster = cluster
+        self._client_options = dict(client_options or {})
+        self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._lock = threading.Lock()
+        self._server_version: str | None = None
+        self._prepared: dict[str, tuple[int, int]] = {}
+        self.dedupe_window_ms = self.strategy.dedupe_window_ms
+        self.runs: RedisRunStore | None = (
+            RedisRunStore(self) if self.strategy.name == "lease" else None
+        )
+        if client is None:
+            self._client_class()  # fail now, with the extra to install, if the library is missing
+
+    # -- connections --------------------------------------------------------------------
+
+    def _client_class(self) -> Any:
+        try:
+            return self.driver.cluster_class() if self._cluster else self.driver.client_class()
+        except ImportError as error:
+            raise self.driver.missing(error) from error
+
+    def _new_client(self) -> Any:
+        cls = self._client_class()
+        options = dict(self._client_options)
+        if self._url is not None:
+            return cls.from_url(self._url, **options)
+        if self._cluster:
+            return cls(
+                host=self._host, port=self._port, username=self._username,
+                password=self._password, ssl=self._ssl, **options,
+            )
+        return cls(
+            host=self._host, port=self._port, username=self._username,
+            password=self._password, db=self._db, ssl=self._ssl, **options,
+        )
+
+    def client(self) -> Any:
+        """The client for the running event loop (the given one, or one made for this loop)."""
+        if self._given is not None:
+            return self._given
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._clients.get(loop)
+            if client is None:
+                for old in [old for old in self._clients if old.is_closed()]:
+                    _abandon(self._clients.pop(old))
+                client = self._clients[loop] = self._new_client()
+            return client
+
+    async def close(self) -> None:
+        """Close the clients this backend made; a client given with ``client=`` stays open."""
+        with self._lock:
+            clients, self._clients = self._clients, {}
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        for loop, client in clients.items():
+            if loop is here:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+            elif loop.is_running():
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+            else:
+                _abandon(client)
+
+    async def eval(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a script by its SHA (loading it with EVAL when the server lacks it), retrying
+        on a dropped connection: every script is safe to repeat with the same arguments."""
+        client = self.client()
+        retry_on = self.driver.connection_errors()
+        no_script = self.driver.no_script_error()
+        for attempt in range(RETRIES):
+            try:
+                try:
+                    return await client.evalsha(script.sha, len(keys), *keys, *args)
+                except no_script:
+                    return await client.eval(script.source, len(keys), *keys, *args)
+            except retry_on:
+                if attempt == RETRIES - 1:
+                    raise
+                await asyncio.sleep(0.02 * 4**attempt)
+        raise AssertionError("unreachable")
+
+    async def eval_many(
+        self, calls: Sequence[tuple[Script, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Several script calls in one round trip (a pipeline, not a transaction)."""
+        if len(calls) <= 1:
+            return [await self.eval(*call) for call in calls]
+        client = self.client()
+        retry_on = self.driver.connection_errors()
+        no_script = self.driver.no_script_error()
+        for attempt in range(RETRIES):
+            try:
+                pipe = client.pipeline(transaction=False)
+                for script, keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                results = list(await pipe.execute(raise_on_error=False))
+                break
+            except retry_on:
+                if attempt == RETRIES - 1:
+                    raise
+                await asyncio.sleep(0.02 * 4**attempt)
+        for i, result in enumerate(results):
+            if isinstance(result, no_script):
+                results[i] = await self.eval(*calls[i])
+            elif isinstance(result, BaseException):
+                raise result
+        return results
+
+    # -- keys -------------------------------------------------------------------------
+
+    def job_key(self, job: str) -> str:
+        """The prefix of every key of ``job``; the braces make them one cluster slot."""
+        return f"{self.key_prefix}:{{{_tag(job)}}}"
+
+    def history_keys(self, job: str) -> list[str]:
+        base = self.job_key(job)
+        return [f"{base}:hc", f"{base}:hr", f"{base}:hs", f"{base}:he", f"{base}:hm"]
+
+    # -- the Backend contract ----------------------------------------------------------
+
+    async def server_version(self) -> str:
+        """The server's version string (``redis_version`` or ``valkey_version``)."""
+        if self._server_version is None:
+            info = await self.client().info("server")
+            if isinstance(info, dict) and info and all(isinstance(v, dict) for v in info.values()):
+                info = next(iter(info.values()))  # a cluster client answers per node
+            version = info.get("valkey_version") or info.get("redis_version") or "unknown"
+            self._server_version = _text(version)
+        return self._server_version
+
+    async def init(self) -> None:
+        """Reach the server and check that it can run the strategy."""
+        version = await self.server_version()
+        if self.strategy.name == "idmp":
+            found = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+            needed = ".".join(map(str, IDMP_MIN_VERSION))
+            if len(found) < 2 or found < IDMP_MIN_VERSION:
+                raise ConfigurationError(
+                    f"the idmp strategy needs Redis {needed} or later (XADD ... IDMP); "
+                    f"{self.describe_server()} runs version {version}",
+                    option="strategy", value="idmp",
+                )
+
+    async def prepare_job(self, job: str, history_size: int) -> None:
+        if self.strategy.name == "idmp":
+            await self._prepare_idmp(job)
+
+    async def _prepare_idmp(self, job: str) -> None:
+        """Create the job's stream and set its IDMP settings, only when they differ: XCFGSET
+        clears what the server remembers, so an unchanged setting must not be sent again."""
+        wanted = (self.strategy.duration_sec, self.strategy.max_size)
+        if self._prepared.get(job) == wanted:
+            return
+        client = self.client()
+        key = f"{self.job_key(job)}:s"
+        if not await client.exists(key):
+            # MAXLEN 0 creates the stream empty; the id is not a slot of any strategy.
+            await client.execute_command("XADD", key, "MAXLEN", "0", "*", "init", "1")
+        info = await client.execute_command("XINFO", "STREAM", key)
+        current = _idmp_settings(info)
+        if current != wanted:
+            await client.execute_command(
+                "XCFGSET", key, "IDMP-DURATION", wanted[0], "IDMP-MAXSIZE", wanted[1]
+            )
+        self._prepared[job] = wanted
+
+    def check_job(self, job: JobLimits) -> None:
+        if self.strategy.name != "idmp":
+            return
+        window = min(self.strategy.duration_sec * 1000, self.strategy.max_size * job.min_gap_ms)
+        if job.jitter_ms + job.max_late_ms >= window:
+            raise ConfigurationError(
+                f"the idmp strategy remembers a claim for min(duration_sec x 1000, max_size x "
+                f"the smallest gap) = {window:g} ms, no longer than jitter + max_late = "
+                f"{job.jitter_ms + job.max_late_ms} ms; raise duration_sec or max_size, or "
+                "lower max_late",
+                job=job.name, option="max_late", value=job.max_late_ms,
+            )
+
+    def _claim_call(self, input: ClaimInput) -> tuple[Script, list[str], list[Any]]:
+        base = self.job_key(input.job)
+        hist = self.history_keys(input.job)
+        common = [input.slot, input.token, input.instance_id]
+        tail = [input.history_size, _opt(input.history_ttl_ms)]
+        name = self.strategy.name
+        if name == "stream-id":
+            args = [*common, self.strategy.maxlen, *tail]
+            return scripts.STREAM_CLAIM, [f"{base}:s", *hist], args
+        if name == "idmp":
+            return (
+                scripts.IDMP_CLAIM,
+                [f"{base}:s", *hist],
+                [*common, input.job, *tail, self.strategy.maxlen],
+            )
+        return (
+            scripts.CLAIM_KEY,
+            [f"{base}:c:{input.slot}", *hist],
+            [*common, self.strategy.window_ms, *tail],
+        )
+
+    async def claim(self, input: ClaimInput) -> bool:
+        return int(await self.eval(*self._claim_call(input))) == 1
+
+    async def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
+        results = await self.eval_many([self._claim_call(i) for i in inputs])
+        return [int(r) == 1 for r in results]
+
+    async def record_manual_run(self, input: ClaimInput) -> int | None:
+        """Record a manual run; a slot that already has one moves on by 1 ms (returned)."""
+        slot = await self.eval(
+            scripts.MANUAL,
+            self.history_keys(input.job),
+            [input.slot, input.token, input.instance_id, input.history_size,
+             _opt(input.history_ttl_ms)],
+        )
+        slot = int(slot)
+        return None if slot == input.slot else slot
+
+    async def save_result(
+        self, job: str, result: StoredResult, history_size: int, history_ttl_ms: int | None = None
+    ) -> None:
+        record = {"v": STORE_FORMAT, **result.to_dict()}
+        await self.eval(
+            scripts.SAVE_RESULT,
+            self.history_keys(job),
+            [
+                _record_field(result.slot, result.attempt, result.manual, result.by),
+                json.dumps(record, separators=(",", ":")),
+                result.started_at,
+                result.finished_at,
+                history_size,
+                _opt(history_ttl_ms),
+            ],
+        )
+
+    async def history(self, job: str, limit: int) -> list[RunRecord]:
+        if limit <= 0:
+            return []
+        hc, hr, hs, _, _ = self.history_keys(job)
+        raw_claims, raw_results = await self.eval(scripts.HISTORY, [hc, hr, hs], [limit])
+        claims = [_claim_record(json.loads(_text(c))) for c in raw_claims if c]
+        results = [_stored_result(json.loads(_text(r))) for r in raw_results if r]
+        return build_history(job, claims, results, limit)
+
+    # -- descriptions -------------------------------------------------------------------
+
+    def describe_server(self) -> str:
+        """Where the server is, without a password."""
+        if self._url is not None:
+            return _redact(self._url)
+        if self._given is not None:
+            kwargs = getattr(getattr(self._given, "connection_pool", None), "connection_kwargs", {})
+            if "host" in kwargs:
+                return f"{kwargs['host']}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+            return "the given client"
+        where = f"{self._host}:{self._port}"
+        return where if self._cluster else f"{where}/{self._db}"
+
+    def describe(self) -> str:
+        kind = f"{self.name} cluster" if self._cluster else self.name
+        return f"{kind} {self.describe_server()} ({self.strategy.describe()})"
+
+
+def _idmp_settings(info: Any) -> tuple[int, int] | None:
+    """IDMP duration and max size from an XINFO STREAM reply (a flat list or a dict)."""
+    if isinstance(info, (list, tuple)):
+        info = {_text(info[i]): info[i + 1] for i in range(0, len(info) - 1, 2)}
+    if not isinstance(info, dict):
+        return None
+    fields = {_text(k).lower(): v for k, v in info.items()}
+    duration = fields.get("idmp-duration")
+    size = fields.get("idmp-maxsize")
+    if duration is None or size is None:
+        return None
+    return int(duration), int(size)
+
+
+def _claim_record(data: dict[str, Any]) -> ClaimRecord:
+    return ClaimRecord(
+        slot=int(data["slot"]),
+        by=str(data["by"]),
+        at=int(data["at"]),
+        manual=bool(data.get("manual", False)),
+        attempt=int(data.get("attempt", 1)),
+        reason=data.get("reason", "scheduled"),
+    )
+
+
+def _stored_result(data: dict[str, Any]) -> StoredResult:
+    return StoredResult(
+        slot=int(data["slot"]),
+        by=str(data["by"]),
+        attempt=int(data["attempt"]),
+        status=data["status"],
+        started_at=int(data["started_at"]),
+        finished_at=int(data["finished_at"]),
+        duration_ms=int(data["duration_ms"]),
+        error=data.get("error") or None,
+        manual=bool(data.get("manual", False)),
+        reason=data.get("reason", "scheduled"),
+    )
+
+
+class RedisRunStore:
+    """The lease rules (SPEC section 5) in Lua: each call is one script, on the server's clock."""
+
+    def __init__(self, backend: RedisProtocolBackend) -> None:
+        self._backend = backend
+
+    def _run_key(self, job: str, slot: int) -> str:
+        return f"{self._backend.job_key(job)}:r:{slot}"
+
+    def _claim_call(self, c: RunClaim) -> tuple[Script, list[str], list[Any]]:
+        base = self._backend.job_key(c.job)
+        keys = [f"{base}:r:{c.slot}", f"{base}:active", *self._backend.history_keys(c.job)]
+        args: list[Any] = [
+            c.slot, c.token, c.instance_id, c.mode, c.reason, c.lease_ms, c.overlap,
+            c.max_attempts, _opt(c.max_late_ms), _opt(c.keep_ms), c.history_size,
+            _opt(c.history_ttl_ms), f"{base}:r:", DEFAULT_KEEP_MS, MIN_KEEP_MS,
+        ]
+        return scripts.RUN_CLAIM, keys, args
+
+    async def claim(self, input: RunClaim) -> ClaimOutcome:
+        return _outcome(await self._backend.eval(*self._claim_call(input)))
+
+    async def claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
+        results = await self._backend.eval_many([self._claim_call(c) for c in claims])
+        return [_outcome(r) for r in results]
+
+    async def heartbeat(self, job: str, slot: int, token: str, lease_ms: int) -> bool:
+        done = await self._backend.eval(
+            scripts.HEARTBEAT, [self._run_key(job, slot)], [token, lease_ms]
+        )
+        return int(done) == 1
+
+    async def finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
+        base = self._backend.job_key(job)
+        done = await self._backend.eval(
+            scripts.FINISH,
+            [f"{base}:r:{slot}", f"{base}:active"],
+            [token, status, slot, DEFAULT_KEEP_MS, MIN_KEEP_MS],
+        )
+        return int(done) == 1
+
+    async def release(self, job: str, slot: int, token: str) -> bool:
+        done = await self._backend.eval(scripts.RELEASE, [self._run_key(job, slot)], [token])
+        return int(done) == 1
+
+    async def active(self, job: str) -> list[ActiveRun]:
+        base = self._backend.job_key(job)
+        rows = await self._backend.eval(scripts.ACTIVE, [f"{base}:active"], [f"{base}:r:"])
+        return [
+            ActiveRun(slot=int(slot), attempt=int(attempt), alive=int(alive) == 1)
+            for slot, attempt, alive in rows
+        ]
+
+
+def _outcome(reply: Any) -> ClaimOutcome:
+    kind, number = _text(reply[0]), int(reply[1])
+    if kind == "won":
+        return ClaimOutcome.won(number)
+    if kind == "running":
+        return ClaimOutcome.running(number)
+    if kind == "overlap":
+        return ClaimOutcome.overlap(number)
+    if kind == "late":
+        return ClaimOutcome.late(number)
+    if kind == "none":
+        return ClaimOutcome.none()
+    return ClaimOutcome.done()

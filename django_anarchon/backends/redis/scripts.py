@@ -1,0 +1,394 @@
+"""The Lua scripts of the Redis and Valkey backends: every decision is one script call.
+
+Times come from the server's ``TIME``. Every key a script touches belongs to one job and
+carries the job's hash tag, so a script runs on a single Redis Cluster node. Keys read
+without being declared (the other runs of a job, for the overlap rule) share that tag:
+the cluster allows it because they hash to the same slot.
+
+Stored format, version 1 (``v`` in every record; a later release keeps reading it):
+
+* ``<p>:{<job>}:r:<slot>``  hash, one run of the lease strategy: ``v attempt token owner
+  lease_until state status reason started_at finished_at keep_ms``. Never expires while
+  running; expires ``keep_ms`` after it finishes.
+* ``<p>:{<job>}:active``    sorted set of the slots whose run is running.
+* ``<p>:{<job>}:c:<slot>``  string, the claim of one slot (``claim()``: lease and script
+  strategies): the winner's token, expiring after the dedupe window.
+* ``<p>:{<job>}:s``         stream of the stream-id and idmp strategies.
+* ``<p>:{<job>}:hc``/``hr`` hashes of won claims and stored results (JSON), field
+  ``<slot:015>:<attempt:05>:<manual 0|1>:<instance>``; ``hs``/``he`` sorted sets of
+  those fields by start and end time (pruning, newest first); ``hm`` hash of manual
+  slots to the token that recorded them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ACTIVE",
+    "CLAIM_KEY",
+    "FINISH",
+    "HEARTBEAT",
+    "HISTORY",
+    "IDMP_CLAIM",
+    "MANUAL",
+    "RELEASE",
+    "RUN_CLAIM",
+    "SAVE_RESULT",
+    "STREAM_CLAIM",
+    "Script",
+]
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script and its SHA1, for EVALSHA with an EVAL fallback."""
+
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+
+
+# Helpers shared by every script. History keys always come as KEYS[h]..KEYS[h+4]:
+# hc, hr, hs, he, hm. ``hist_*`` functions take that index.
+_PRELUDE = r"""
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function record_field(slot, attempt, manual, by)
+  return string.format('%015d:%05d:%d:%s', slot, attempt, manual, by)
+end
+
+local function hist_drop(h, f)
+  redis.call('HDEL', KEYS[h], f)
+  redis.call('HDEL', KEYS[h + 1], f)
+  redis.call('ZREM', KEYS[h + 2], f)
+  redis.call('ZREM', KEYS[h + 3], f)
+  if string.sub(f, 23, 23) == '1' then
+    redis.call('HDEL', KEYS[h + 4], tostring(tonumber(string.sub(f, 1, 15))))
+  end
+end
+
+-- Keep the newest ``size`` records and none that ended more than ``ttl`` ms ago.
+local function hist_prune(h, size, ttl, now)
+  if size >= 0 then
+    for _, f in ipairs(redis.call('ZREVRANGE', KEYS[h + 2], size, -1)) do
+      hist_drop(h, f)
+    end
+  end
+  if ttl ~= '' then
+    local ttl_ms = tonumber(ttl)
+    for _, f in ipairs(redis.call('ZRANGEBYSCORE', KEYS[h + 3], '-inf', '(' .. (now - ttl_ms))) do
+      hist_drop(h, f)
+    end
+    -- Nothing written later than now can outlive now + ttl: let Redis drop idle jobs.
+    for i = h, h + 4 do
+      redis.call('PEXPIRE', KEYS[i], ttl_ms + 1000)
+    end
+  else
+    for i = h, h + 4 do
+      redis.call('PERSIST', KEYS[i])
+    end
+  end
+end
+
+local function hist_claim(h, slot, by, at, attempt, manual, reason, token)
+  local f = record_field(slot, attempt, manual, by)
+  local rec = {v = 1, slot = slot, by = by, at = at, attempt = attempt,
+               manual = manual == 1, reason = reason}
+  redis.call('HSET', KEYS[h], f, cjson.encode(rec))
+  redis.call('ZADD', KEYS[h + 2], at, f)
+  redis.call('ZADD', KEYS[h + 3], at, f)
+  if manual == 1 then
+    redis.call('HSET', KEYS[h + 4], tostring(slot), token)
+  end
+end
+"""
+
+
+def _script(name: str, body: str) -> Script:
+    return Script(name, _PRELUDE + body)
+
+
+# claim() of the lease and script strategies: one key per slot, set only if absent.
+# KEYS: claim key, hc, hr, hs, he, hm.
+# ARGV: slot, token, instance, window_ms, history_size, history_ttl_ms|''.
+CLAIM_KEY = _script(
+    "claim_key",
+    r"""
+local holder = redis.call('GET', KEYS[1])
+if holder then
+  if holder == ARGV[2] then return 1 end
+  return 0
+end
+local now = now_ms()
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
+hist_claim(2, tonumber(ARGV[1]), ARGV[3], now, 1, 0, 'scheduled', ARGV[2])
+hist_prune(2, tonumber(ARGV[5]), ARGV[6], now)
+return 1
+""",
+)
+
+# claim() of the stream-id strategy: XADD with the explicit ID <slot>-1. The server
+# refuses an ID equal to or smaller than the stream's last one, even after trimming.
+# KEYS: stream, hc, hr, hs, he, hm.
+# ARGV: slot, token, instance, maxlen, history_size, history_ttl_ms|''.
+STREAM_CLAIM = _script(
+    "stream_claim",
+    r"""
+local id = ARGV[1] .. '-1'
+local res = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], id,
+                        'token', ARGV[2], 'by', ARGV[3])
+if type(res) == 'table' and res.err then
+  if not string.find(res.err, 'equal or smaller', 1, true) then
+    return redis.error_reply(res.err)
+  end
+  local entry = redis.call('XRANGE', KEYS[1], id, id)
+  if #entry == 0 then return 0 end
+  local fields = entry[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'token' then
+      if fields[i + 1] == ARGV[2] then return 1 end
+      return 0
+    end
+  end
+  return 0
+end
+local now = now_ms()
+hist_claim(2, tonumber(ARGV[1]), ARGV[3], now, 1, 0, 'scheduled', ARGV[2])
+hist_prune(2, tonumber(ARGV[5]), ARGV[6], now)
+return 1
+""",
+)
+
+# claim() of the idmp strategy (Redis 8.6+): XADD ... IDMP <job> <slot> * answers the
+# original entry's ID for a duplicate; the token in that entry tells who won.
+# KEYS: stream, hc, hr, hs, he, hm.
+# ARGV: slot, token, instance, producer (job), history_size, history_ttl_ms|'', maxlen.
+IDMP_CLAIM = _script(
+    "idmp_claim",
+    r"""
+local id = redis.call('XADD', KEYS[1], 'IDMP', ARGV[4], ARGV[1], 'MAXLEN', '~', ARGV[7], '*',
+                      'token', ARGV[2], 'by', ARGV[3])
+local entry = redis.call('XRANGE', KEYS[1], id, id)
+if #entry == 0 then return 0 end
+local fields = entry[1][2]
+local holder = nil
+for i = 1, #fields, 2 do
+  if fields[i] == 'token' then holder = fields[i + 1] end
+end
+if holder ~= ARGV[2] then return 0 end
+local f = record_field(tonumber(ARGV[1]), 1, 0, ARGV[3])
+if redis.call('HEXISTS', KEYS[2], f) == 0 and redis.call('HEXISTS', KEYS[3], f) == 0 then
+  local now = now_ms()
+  hist_claim(2, tonumber(ARGV[1]), ARGV[3], now, 1, 0, 'scheduled', ARGV[2])
+  hist_prune(2, tonumber(ARGV[5]), ARGV[6], now)
+end
+return 1
+""",
+)
+
+# record_manual_run(): the first slot from ARGV[1] on without a manual record; the same
+# token again finds its own record (a retried call records nothing twice).
+# KEYS: hc, hr, hs, he, hm. ARGV: slot, token, instance, history_size, history_ttl_ms|''.
+MANUAL = _script(
+    "manual",
+    r"""
+local slot = tonumber(ARGV[1])
+for i = 0, 100000 do
+  local s = slot + i
+  local holder = redis.call('HGET', KEYS[5], tostring(s))
+  if not holder then
+    local now = now_ms()
+    hist_claim(1, s, ARGV[3], now, 1, 1, 'manual', ARGV[2])
+    hist_prune(1, tonumber(ARGV[4]), ARGV[5], now)
+    return s
+  end
+  if holder == ARGV[2] then return s end
+end
+return redis.error_reply('no free manual slot')
+""",
+)
+
+# save_result(). KEYS: hc, hr, hs, he, hm.
+# ARGV: field, result JSON, started_at, finished_at, history_size, history_ttl_ms|''.
+SAVE_RESULT = _script(
+    "save_result",
+    r"""
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
+hist_prune(1, tonumber(ARGV[5]), ARGV[6], now_ms())
+return 1
+""",
+)
+
+# history(): the newest ``limit`` records, claims and results side by side.
+# KEYS: hc, hr, hs. ARGV: limit.
+HISTORY = _script(
+    "history",
+    r"""
+local fields = redis.call('ZREVRANGE', KEYS[3], 0, tonumber(ARGV[1]) - 1)
+if #fields == 0 then return {{}, {}} end
+return {redis.call('HMGET', KEYS[1], unpack(fields)), redis.call('HMGET', KEYS[2], unpack(fields))}
+""",
+)
+
+# runs.claim(): the lease rules, in the order of the table in SPEC section 5.
+# KEYS: run, active, hc, hr, hs, he, hm.
+# ARGV: 1 slot, 2 token, 3 instance, 4 mode, 5 reason, 6 lease_ms, 7 overlap,
+#       8 max_attempts, 9 max_late_ms|'', 10 keep_ms|'', 11 history_size,
+#       12 history_ttl_ms|'', 13 run key prefix (the key of a slot without the slot),
+#       14 default keep_ms, 15 minimum keep_ms.
+# Returns {kind, number}.
+RUN_CLAIM = _script(
+    "run_claim",
+    r"""
+local run = KEYS[1]
+local slot = tonumber(ARGV[1])
+local token = ARGV[2]
+local inst = ARGV[3]
+local lease_ms = tonumber(ARGV[6])
+local max_attempts = tonumber(ARGV[8])
+local now = now_ms()
+
+local function start(attempt, reason)
+  redis.call('HSET', run, 'v', 1, 'attempt', attempt, 'token', token, 'owner', inst,
+             'lease_until', now + lease_ms, 'state', 'running', 'status', '',
+             'reason', reason, 'started_at', now, 'finished_at', '')
+  if ARGV[10] ~= '' then redis.call('HSET', run, 'keep_ms', ARGV[10]) end
+  redis.call('PERSIST', run)
+  redis.call('ZADD', KEYS[2], slot, ARGV[1])
+  hist_claim(3, slot, inst, now, attempt, 0, reason, token)
+  hist_prune(3, tonumber(ARGV[11]), ARGV[12], now)
+end
+
+-- The superseded attempt shows as interrupted, unless its runner saved a result.
+local function interrupt(owner, attempt, started_at, reason, err)
+  local f = record_field(slot, attempt, 0, owner)
+  if redis.call('HEXISTS', KEYS[4], f) == 1 then return end
+  local rec = {v = 1, slot = slot, by = owner, attempt = attempt, status = 'interrupted',
+               started_at = started_at, finished_at = now,
+               duration_ms = math.max(now - started_at, 0), error = err,
+               manual = false, reason = reason}
+  redis.call('HSET', KEYS[4], f, cjson.encode(rec))
+  redis.call('ZADD', KEYS[5], started_at, f)
+  redis.call('ZADD', KEYS[6], now, f)
+end
+
+local st = redis.call('HMGET', run, 'state', 'token', 'owner', 'attempt', 'lease_until',
+                      'status', 'reason', 'started_at', 'finished_at', 'keep_ms')
+if st[1] then
+  local attempt = tonumber(st[4])
+  if ARGV[10] ~= '' then
+    redis.call('HSET', run, 'keep_ms', ARGV[10])
+    if st[1] == 'finished' and st[9] ~= '' then
+      local keep = math.max(tonumber(ARGV[10]), tonumber(ARGV[15]))
+      redis.call('PEXPIREAT', run, tonumber(st[9]) + keep)
+    end
+  end
+  if st[1] == 'running' then
+    if st[2] == token then
+      redis.call('HSET', run, 'lease_until', now + lease_ms)
+      return {'won', attempt}
+    end
+    if tonumber(st[5]) > now then return {'running', attempt} end
+    if attempt < max_attempts then
+      interrupt(st[3], attempt, tonumber(st[8]), st[7], 'lease lapsed; taken over by ' .. inst)
+      start(attempt + 1, 'takeover')
+      return {'won', attempt + 1}
+    end
+    interrupt(st[3], attempt, tonumber(st[8]), st[7], 'lease lapsed; attempts used up')
+    redis.call('HSET', run, 'state', 'finished', 'status', 'interrupted', 'finished_at', now)
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    local keep = tonumber(st[10] or '') or tonumber(ARGV[14])
+    redis.call('PEXPIRE', run, math.max(keep, tonumber(ARGV[15])))
+    return {'done', 0}
+  end
+  if (st[6] == 'failed' or st[6] == 'interrupted') and attempt < max_attempts then
+    start(attempt + 1, ARGV[5])
+    return {'won', attempt + 1}
+  end
+  return {'done', 0}
+end
+if ARGV[4] == 'takeover' then return {'none', 0} end
+if ARGV[9] ~= '' and now > slot + tonumber(ARGV[9]) then return {'late', now - slot} end
+if ARGV[7] == 'skip' then
+  local busy = nil
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    local lease_until = redis.call('HGET', ARGV[13] .. member, 'lease_until')
+    if not lease_until then
+      redis.call('ZREM', KEYS[2], member)
+    elseif tonumber(lease_until) > now then
+      busy = tonumber(member)
+    end
+  end
+  if busy then return {'overlap', busy} end
+end
+start(1, ARGV[5])
+return {'won', 1}
+""",
+)
+
+# runs.heartbeat(). KEYS: run. ARGV: token, lease_ms.
+HEARTBEAT = _script(
+    "heartbeat",
+    r"""
+local st = redis.call('HMGET', KEYS[1], 'state', 'token')
+if st[1] ~= 'running' or st[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', now_ms() + tonumber(ARGV[2]))
+return 1
+""",
+)
+
+# runs.finish(). KEYS: run, active. ARGV: token, status, slot, default keep, minimum keep.
+FINISH = _script(
+    "finish",
+    r"""
+local st = redis.call('HMGET', KEYS[1], 'state', 'token', 'keep_ms')
+if st[1] ~= 'running' or st[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'finished', 'status', ARGV[2], 'finished_at', now_ms())
+redis.call('ZREM', KEYS[2], ARGV[3])
+local keep = tonumber(st[3] or '') or tonumber(ARGV[4])
+redis.call('PEXPIRE', KEYS[1], math.max(keep, tonumber(ARGV[5])))
+return 1
+""",
+)
+
+# runs.release(): the lease lapses now; the run stays running for a backup to take.
+# KEYS: run. ARGV: token.
+RELEASE = _script(
+    "release",
+    r"""
+local st = redis.call('HMGET', KEYS[1], 'state', 'token')
+if st[1] ~= 'running' or st[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', now_ms() - 1)
+return 1
+""",
+)
+
+# runs.active(). KEYS: active. ARGV: run key prefix. Returns {slot, attempt, alive}...
+ACTIVE = _script(
+    "active",
+    r"""
+local now = now_ms()
+local out = {}
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local st = redis.call('HMGET', ARGV[1] .. member, 'state', 'attempt', 'lease_until')
+  if st[1] == 'running' then
+    local alive = 0
+    if tonumber(st[3]) > now then alive = 1 end
+    table.insert(out, {tonumber(member), tonumber(st[2]), alive})
+  elseif not st[1] then
+    redis.call('ZREM', KEYS[1], member)
+  end
+end
+return out
+""",
+)
