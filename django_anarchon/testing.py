@@ -61,7 +61,7 @@ Tuning, as class attributes:
     affordable; the built-in backends run at least 50 x 1,000.
 ``race_clients``
     How many backend instances the claimers are spread over (default: one each).
-``race_in_threads``
+``race_threads``
     ``True`` runs each claimer in its own thread, with its own backend instance and
     event loop. Use it when concurrent coroutines on one loop are not concurrent on the
     store, for example a backend that calls a blocking client through
@@ -170,6 +170,10 @@ def _runs_of(backend: AnyBackend) -> RunStore | None:
     return getattr(backend, "runs", None)
 
 
+Contest: TypeAlias = tuple[str, int]
+"""One (job, slot) that every claimer of a race claims: exactly one may win it."""
+
+
 def _race_claim(job: str, slot: int, claimer: int, prefix: str) -> RunClaim:
     """One claimer's claim of one slot (also a plain ``ClaimInput``)."""
     return RunClaim(
@@ -190,6 +194,30 @@ async def _claim_once(backend: AnyBackend, claim: RunClaim, use_runs: bool) -> b
     return (await runs.claim(claim)).kind == "won"
 
 
+async def _claim_round(
+    backend: AnyBackend,
+    contests: Sequence[Contest],
+    claimer: int,
+    prefix: str,
+    use_runs: bool,
+    use_many: bool,
+) -> list[bool]:
+    """One claimer's claims of a round: each contest alone, or all in one ``claim_many``."""
+    claims = [_race_claim(job, slot, claimer, prefix) for job, slot in contests]
+    if use_many:
+        owner: Any = _runs_of(backend) if use_runs else backend
+        answers = list(await owner.claim_many(claims))
+        assert len(answers) == len(claims), f"claim_many: {len(claims)} claims, {answers!r}"
+        return [count_winners([a]) == 1 for a in answers]
+    if len(claims) == 1:
+        return [await _claim_once(backend, claims[0], use_runs)]
+    return list(await asyncio.gather(*(_claim_once(backend, c, use_runs) for c in claims)))
+
+
+def _jobs_of(rounds: Sequence[Sequence[Contest]]) -> list[str]:
+    return sorted({job for contests in rounds for job, _ in contests})
+
+
 def race_in_threads(
     factory: BackendFactory,
     job: str,
@@ -197,29 +225,45 @@ def race_in_threads(
     *,
     claimers: int,
     use_runs: bool = False,
-    history_size: int = 100,
+    use_many: bool = False,
     timeout: float = 120.0,
 ) -> list[int]:
     """Race ``claimers`` threads for each slot in turn; return the winners of each round.
 
     Every thread builds its own backend with ``factory`` inside its own event loop, and
-    closes it at the end. A barrier starts each round in all threads at once.
+    closes it at the end. A barrier starts each round in all threads at once. With
+    ``use_runs`` the claims go to ``runs.claim()``; with ``use_many``, to ``claim_many``.
     """
+    rounds = [[(job, slot)] for slot in slots]
+    return _threaded_race(factory, rounds, claimers, use_runs, use_many, timeout)
+
+
+def _threaded_race(
+    factory: BackendFactory,
+    rounds: Sequence[Sequence[Contest]],
+    claimers: int,
+    use_runs: bool,
+    use_many: bool,
+    timeout: float,
+) -> list[int]:
+    """Winners of every contest, round after round, with one thread per claimer."""
     barrier = threading.Barrier(claimers, timeout=timeout)
     prefix = uuid.uuid4().hex
-    won: list[list[bool]] = [[False] * claimers for _ in slots]
+    won: list[list[list[bool]]] = [[[] for _ in range(claimers)] for _ in rounds]
     errors: list[str] = []
 
     async def claimer(index: int) -> None:
         backend = await _build(factory)
         try:
-            await backend.prepare_job(job, history_size)
+            for job in _jobs_of(rounds):
+                await backend.prepare_job(job, 100)
             await asyncio.to_thread(barrier.wait)
-            for round_no, slot in enumerate(slots):
+            for round_no, contests in enumerate(rounds):
                 if round_no:
                     barrier.wait()
-                claim = _race_claim(job, slot, index, prefix)
-                won[round_no][index] = await _claim_once(backend, claim, use_runs)
+                won[round_no][index] = await _claim_round(
+                    backend, contests, index, prefix, use_runs, use_many
+                )
         finally:
             await backend.close()
 
@@ -242,7 +286,35 @@ def race_in_threads(
         raise AssertionError(f"race_in_threads: claimers still running after {timeout}s")
     if errors:
         raise AssertionError(f"race_in_threads: a claimer failed:\n{errors[0]}")
-    return [sum(row) for row in won]
+    return [
+        sum(won[r][i][c] for i in range(claimers))
+        for r, contests in enumerate(rounds)
+        for c in range(len(contests))
+    ]
+
+
+async def _gathered_race(
+    clients: Sequence[AnyBackend],
+    rounds: Sequence[Sequence[Contest]],
+    claimers: int,
+    use_runs: bool,
+    use_many: bool,
+) -> list[int]:
+    """Winners of every contest, with the claimers as coroutines over ``clients``."""
+    for client in clients:
+        for job in _jobs_of(rounds):
+            await client.prepare_job(job, 100)
+    prefix = uuid.uuid4().hex
+    winners: list[int] = []
+    for contests in rounds:
+        answers = await asyncio.gather(
+            *(
+                _claim_round(clients[i % len(clients)], contests, i, prefix, use_runs, use_many)
+                for i in range(claimers)
+            )
+        )
+        winners.extend(sum(a[c] for a in answers) for c in range(len(contests)))
+    return winners
 
 
 def _import_factory(path: str) -> BackendFactory:
@@ -378,7 +450,9 @@ class BackendContract:
     race_claimers: ClassVar[int] = 50
     race_rounds: ClassVar[int] = 1000
     race_clients: ClassVar[int | None] = None
-    race_in_threads: ClassVar[bool] = False
+    race_threads: ClassVar[bool] = False
+    race_many_jobs: ClassVar[int] = 20
+    race_many_rounds: ClassVar[int] = 20
     process_factory: ClassVar[str | None] = None
     process_claimers: ClassVar[int] = 4
     process_rounds: ClassVar[int] = 20
@@ -416,6 +490,15 @@ class BackendContract:
         if runs is None:
             pytest.skip(f"{type(backend).__name__} has no RunStore (runs is None)")
         return backend, runs
+
+    @staticmethod
+    async def claim_won(backend: AnyBackend, input: ClaimInput) -> bool:
+        """Claim as the engine does: a won claim is passed to ``record_claim`` if offered."""
+        won = await backend.claim(input)
+        record_claim = getattr(backend, "record_claim", None)
+        if won and record_claim is not None:
+            await record_claim(input)
+        return won
 
     @staticmethod
     def claim_input(job: str, slot: int, token: str, instance: str, **kw: Any) -> ClaimInput:
@@ -474,51 +557,64 @@ class BackendContract:
 
     # -- the race ----------------------------------------------------------------------
 
-    def _race(self, make_backend: BackendFactory, use_runs: bool) -> None:
-        claimers, rounds = self.race_claimers, self.race_rounds
-        job = unique_job("race-runs" if use_runs else "race")
-        base = _now_ms() // 1000 * 1000
-        slots = [base + i for i in range(rounds)]
+    def race(
+        self,
+        make_backend: BackendFactory,
+        rounds: Sequence[Sequence[Contest]],
+        *,
+        use_runs: bool = False,
+        use_many: bool = False,
+    ) -> list[int]:
+        """Run a race the way this class is tuned to; return the winners of each contest."""
+        claimers = self.race_claimers
 
-        if self.race_in_threads:
+        async def capable(backends: _Backends) -> None:
+            backend, runs = await backends.new(), None
             if use_runs:
-                self.run(make_backend, self._skip_without_leases)
-            winners = race_in_threads(
-                make_backend, job, slots, claimers=claimers, use_runs=use_runs
-            )
-            assert_one_winner_each(winners, f"{job} ({claimers} threads)")
-            return
+                backend, runs = await self.leases(backends)
+            owner = runs if use_runs else backend
+            if use_many and not callable(getattr(owner, "claim_many", None)):
+                pytest.skip(f"{type(owner).__name__} has no claim_many()")
+
+        self.run(make_backend, capable)
+        if self.race_threads:
+            return _threaded_race(make_backend, rounds, claimers, use_runs, use_many, 600.0)
+        winners: list[int] = []
 
         async def scenario(backends: _Backends) -> None:
             clients = [await backends.new() for _ in range(self.race_clients or claimers)]
-            if use_runs:
-                await self.leases(backends)
-            for client in clients:
-                await client.prepare_job(job, 100)
-            prefix = uuid.uuid4().hex
-            winners = []
-            for slot in slots:
-                answers = await asyncio.gather(
-                    *(
-                        _claim_once(
-                            clients[i % len(clients)], _race_claim(job, slot, i, prefix), use_runs
-                        )
-                        for i in range(claimers)
-                    )
-                )
-                winners.append(count_winners(answers))
-            assert_one_winner_each(winners, f"{job} ({claimers} claimers)")
+            winners.extend(await _gathered_race(clients, rounds, claimers, use_runs, use_many))
 
         self.run(make_backend, scenario)
+        return winners
 
-    async def _skip_without_leases(self, backends: _Backends) -> None:
-        await self.leases(backends)
+    def _single_slot_race(self, make_backend: BackendFactory, use_runs: bool) -> None:
+        job = unique_job("race-runs" if use_runs else "race")
+        base = _now_ms() // 1000 * 1000
+        rounds = [[(job, base + i)] for i in range(self.race_rounds)]
+        winners = self.race(make_backend, rounds, use_runs=use_runs)
+        how = "threads" if self.race_threads else "claimers"
+        assert_one_winner_each(winners, f"{job}: {self.race_claimers} {how}")
+
+    def _batch_race(self, make_backend: BackendFactory, use_runs: bool) -> None:
+        """Claims of many jobs due at the same instant, decided together by ``claim_many``."""
+        jobs = [unique_job(f"many{i}") for i in range(self.race_many_jobs)]
+        base = _now_ms() // 1000 * 1000
+        rounds = [[(job, base + r) for job in jobs] for r in range(self.race_many_rounds)]
+        winners = self.race(make_backend, rounds, use_runs=use_runs, use_many=True)
+        assert_one_winner_each(winners, f"claim_many over {len(jobs)} jobs")
 
     def test_race_claim(self, make_backend: BackendFactory) -> None:
-        self._race(make_backend, use_runs=False)
+        self._single_slot_race(make_backend, use_runs=False)
 
     def test_race_run_claim(self, make_backend: BackendFactory) -> None:
-        self._race(make_backend, use_runs=True)
+        self._single_slot_race(make_backend, use_runs=True)
+
+    def test_race_claim_many(self, make_backend: BackendFactory) -> None:
+        self._batch_race(make_backend, use_runs=False)
+
+    def test_race_run_claim_many(self, make_backend: BackendFactory) -> None:
+        self._batch_race(make_backend, use_runs=True)
 
     def test_race_in_processes(self) -> None:
         if self.process_factory is None:
@@ -590,7 +686,7 @@ class BackendContract:
             job, slot = unique_job("history"), _now_ms() // 1000 * 1000
             for backend in (a, b):
                 await backend.prepare_job(job, 10)
-            assert await a.claim(self.claim_input(job, slot, "tok", "A", history_size=10))
+            assert await self.claim_won(a, self.claim_input(job, slot, "t", "A", history_size=10))
             running = self.find(await b.history(job, 10), slot=slot)
             assert (running.instance_id, running.status, running.attempt) == ("A", "running", 1)
             assert running.finished_at is None
@@ -625,7 +721,7 @@ class BackendContract:
             for i in range(4):
                 backend, name = (a, "A") if i % 2 == 0 else (b, "B")
                 slot = base + i * 1000
-                assert await backend.claim(self.claim_input(job, slot, f"t{i}", name))
+                assert await self.claim_won(backend, self.claim_input(job, slot, f"t{i}", name))
                 await backend.save_result(job, self.result(slot, name, slot + 5), 10)
             for reader in (a, b):
                 records = await reader.history(job, 10)
@@ -642,9 +738,8 @@ class BackendContract:
             await backend.prepare_job(job, 3)
             for i in range(6):
                 slot = base + i * 1000
-                assert await backend.claim(
-                    self.claim_input(job, slot, f"t{i}", "A", history_size=3)
-                )
+                claim = self.claim_input(job, slot, f"t{i}", "A", history_size=3)
+                assert await self.claim_won(backend, claim)
                 await backend.save_result(job, self.result(slot, "A", slot + 5), 3)
             records = await backend.history(job, 100)
             assert [r.slot for r in records] == [base + 5000, base + 4000, base + 3000]
@@ -659,9 +754,11 @@ class BackendContract:
             job, now, ttl = unique_job("ttl"), _now_ms() // 1000 * 1000, _HOUR_MS
             await backend.prepare_job(job, 10)
             old = now - 2 * _HOUR_MS
-            assert await backend.claim(self.claim_input(job, old, "old", "A", history_ttl_ms=ttl))
+            claim = self.claim_input(job, old, "old", "A", history_ttl_ms=ttl)
+            assert await self.claim_won(backend, claim)
             await backend.save_result(job, self.result(old, "A", old + 5), 10, ttl)
-            assert await backend.claim(self.claim_input(job, now, "new", "A", history_ttl_ms=ttl))
+            claim = self.claim_input(job, now, "new", "A", history_ttl_ms=ttl)
+            assert await self.claim_won(backend, claim)
             await backend.save_result(job, self.result(now, "A", now + 5), 10, ttl)
             assert [r.slot for r in await backend.history(job, 10)] == [now]
 

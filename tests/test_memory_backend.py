@@ -59,16 +59,20 @@ class TestMemoryBackendContract(BackendContract):
 
 
 def test_the_suite_races_in_threads_when_asked() -> None:
-    """``race_in_threads = True``: each claimer in a thread with its own event loop."""
+    """``race_threads = True``: each claimer in a thread with its own event loop."""
 
     class InThreads(BackendContract):
         race_claimers = 50
         race_rounds = 200
-        race_in_threads = True
+        race_many_rounds = 10
+        race_threads = True
 
     shared = MemoryBackend()
-    InThreads().test_race_claim(lambda: shared)
-    InThreads().test_race_run_claim(lambda: shared)
+    suite = InThreads()
+    suite.test_race_claim(lambda: shared)
+    suite.test_race_run_claim(lambda: shared)
+    suite.test_race_claim_many(lambda: shared)
+    suite.test_race_run_claim_many(lambda: shared)
 
 
 class RacyBackend(MemoryBackend):
@@ -82,7 +86,7 @@ class RacyBackend(MemoryBackend):
         holder = self.taken.get((input.job, input.slot))
         if holder is not None:
             return holder == input.token
-        await asyncio.sleep(0)  # another claimer checks here too
+        await asyncio.sleep(0.005)  # another claimer checks here too
         self.taken[(input.job, input.slot)] = input.token
         return True
 
@@ -95,6 +99,9 @@ def test_the_race_catches_a_check_then_write_backend() -> None:
     shared = RacyBackend()
     with pytest.raises(AssertionError, match="did not have exactly one winner"):
         Racy().test_race_claim(lambda: shared)
+    winners = race_in_threads(lambda: shared, unique_job("racy"), [T0, T0 + 1], claimers=5)
+    with pytest.raises(AssertionError, match="did not have exactly one winner"):
+        assert_one_winner_each(winners)
 
 
 def test_is_a_backend_with_leases() -> None:
