@@ -1,0 +1,184 @@
+"""The database backend's tables: job locks, run leases, attempt history, run-now requests.
+
+Lease times (``*_ms`` columns) are integer epoch milliseconds read from the database
+server's clock, so every instance compares them against the same "now" and integer
+arithmetic in SQL is the same on every database. History times are ``DateTimeField``s
+so that the admin can filter and browse them by date.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from .backends.base import ms_to_datetime
+
+__all__ = ["JobLock", "Run", "RunAttempt", "RunRequest", "ScheduledJob"]
+
+
+class RunState(models.TextChoices):
+    RUNNING = "running", _("running")
+    FINISHED = "finished", _("finished")
+    #: Won through ``claim()`` (claim-only use of the backend): never leased, never forgotten.
+    CLAIMED = "claimed", _("claimed")
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", _("running")
+    SUCCESS = "success", _("success")
+    FAILED = "failed", _("failed")
+    INTERRUPTED = "interrupted", _("interrupted")
+
+
+class RunReason(models.TextChoices):
+    SCHEDULED = "scheduled", _("scheduled")
+    MANUAL = "manual", _("manual")
+    CATCH_UP = "catch-up", _("catch-up")
+    TAKEOVER = "takeover", _("takeover")
+
+
+class JobLock(models.Model):
+    """One row per job: claims that must see the job's other runs lock it in turn."""
+
+    job = models.CharField(_("job"), max_length=255, unique=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("job lock")
+        verbose_name_plural = _("job locks")
+
+    def __str__(self) -> str:
+        return self.job
+
+
+class Run(models.Model):
+    """One run (job, slot) and the lease of its current attempt: the lease rules' state."""
+
+    job = models.CharField(_("job"), max_length=255)
+    slot = models.BigIntegerField(_("slot"), help_text=_("Scheduled instant, epoch milliseconds."))
+    attempt = models.PositiveIntegerField(_("attempt"), default=1)
+    token = models.CharField(_("token"), max_length=255)
+    instance_id = models.CharField(_("owner instance"), max_length=255)
+    lease_until_ms = models.BigIntegerField(
+        _("lease until"), help_text=_("Epoch milliseconds on the database server's clock.")
+    )
+    state = models.CharField(_("state"), max_length=16, choices=RunState.choices)
+    status = models.CharField(
+        _("last attempt status"), max_length=16, choices=RunStatus.choices, null=True, blank=True
+    )
+    reason = models.CharField(_("reason"), max_length=16, choices=RunReason.choices)
+    manual = models.BooleanField(_("manual"), default=False)
+    started_at_ms = models.BigIntegerField(
+        _("attempt started at"), help_text=_("Epoch milliseconds on the database server's clock.")
+    )
+    finished_at_ms = models.BigIntegerField(_("finished at"), null=True, blank=True)
+    keep_ms = models.BigIntegerField(
+        _("kept for"),
+        null=True,
+        blank=True,
+        help_text=_("How long the run is remembered once finished, in milliseconds."),
+    )
+
+    class Meta:
+        verbose_name = _("run lease")
+        verbose_name_plural = _("run leases")
+        constraints = [
+            models.UniqueConstraint(fields=["job", "slot"], name="anarchon_run_job_slot"),
+        ]
+        indexes = [
+            # overlap checks and active(): the running runs of one job
+            models.Index(fields=["job", "state", "lease_until_ms"], name="anarchon_run_job_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} @ {self.scheduled_at.isoformat()} #{self.attempt}"
+
+    @property
+    def scheduled_at(self) -> datetime:
+        return ms_to_datetime(self.slot)
+
+    @property
+    def lease_until(self) -> datetime:
+        return ms_to_datetime(self.lease_until_ms)
+
+
+class RunAttempt(models.Model):
+    """One attempt of one run, from any instance: what history shows."""
+
+    job = models.CharField(_("job"), max_length=255)
+    slot = models.BigIntegerField(_("slot"), help_text=_("Scheduled instant, epoch milliseconds."))
+    scheduled_at = models.DateTimeField(_("scheduled at"))
+    instance_id = models.CharField(_("instance"), max_length=255)
+    manual = models.BooleanField(_("manual"), default=False)
+    attempt = models.PositiveIntegerField(_("attempt"), default=1)
+    reason = models.CharField(_("reason"), max_length=16, choices=RunReason.choices)
+    status = models.CharField(_("status"), max_length=16, choices=RunStatus.choices)
+    started_at = models.DateTimeField(_("started at"))
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    duration_ms = models.BigIntegerField(_("duration (ms)"), null=True, blank=True)
+    error = models.TextField(_("error"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("run")
+        verbose_name_plural = _("run history")
+        ordering = ["-started_at", "-slot", "-attempt"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "slot", "instance_id", "attempt", "manual"],
+                name="anarchon_attempt_key",
+            ),
+        ]
+        indexes = [
+            # history(), pruning by size and age, the admin's per-job list
+            models.Index(fields=["job", "started_at"], name="anarchon_attempt_job_started"),
+            # the admin's list across jobs, newest first, and its date hierarchy
+            models.Index(fields=["started_at"], name="anarchon_attempt_started"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} @ {self.scheduled_at.isoformat()} #{self.attempt} ({self.status})"
+
+
+class RunRequest(models.Model):
+    """A "run now" asked for outside a worker (the admin); a worker of ``scheduler`` runs it."""
+
+    scheduler = models.CharField(_("scheduler"), max_length=100, default="default")
+    job = models.CharField(_("job"), max_length=255)
+    data = models.JSONField(_("data"), null=True, blank=True)
+    requested_by = models.CharField(_("requested by"), max_length=150, blank=True)
+    requested_at = models.DateTimeField(_("requested at"), auto_now_add=True)
+    claimed_by = models.CharField(_("claimed by instance"), max_length=255, blank=True)
+    claimed_at = models.DateTimeField(_("claimed at"), null=True, blank=True)
+    slot = models.BigIntegerField(
+        _("slot"), null=True, blank=True, help_text=_("The manual run's slot, once it started.")
+    )
+
+    class Meta:
+        verbose_name = _("run request")
+        verbose_name_plural = _("run requests")
+        ordering = ["-requested_at"]
+        indexes = [
+            # workers look for the unclaimed requests of their scheduler
+            models.Index(fields=["scheduler", "claimed_at"], name="anarchon_request_pending"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} ({self.scheduler})"
+
+
+class ScheduledJob(RunRequest):
+    """The admin's Jobs page (no table of its own) and the permission to run a job now.
+
+    Jobs live in code and in the schedulers, not in a table; this proxy gives the page
+    an admin entry and its permissions: ``view_scheduledjob`` to see the page,
+    ``run_job`` to press "Run now".
+    """
+
+    class Meta:
+        proxy = True
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        default_permissions = ("view",)
+        permissions = [("run_job", _("Can run a job now from the admin"))]
