@@ -154,6 +154,10 @@ class Cron:
        at 01:30 EDT; ``*/15 * * * *`` fires at 01:00, 01:15 ... EDT, then 01:00,
        01:15 ... EST, 15 real minutes apart.
     3. Anywhere else a wall-clock time is exactly one instant.
+
+    An expression with no match in the next 9 years (``0 0 30 2 *``) is refused with
+    ``ValueError``, as is an unknown zone. UTC-offset changes are assumed to be more than
+    6 hours apart, which holds for every zone in tzdata.
     """
 
     type: ScheduleType = "cron"
