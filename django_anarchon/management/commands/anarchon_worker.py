@@ -119,7 +119,7 @@ class Worker:
         if self.signals > 1:
             # A second signal: stop at once, whatever is still running.
             for scheduler in self.schedulers:
-                asyncio.ensure_future(scheduler.stop(grace=0))
+                scheduler.stop_now()
         self.stopping.set()
 
     def _banner(self) -> None:
