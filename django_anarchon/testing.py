@@ -2,19 +2,49 @@
 
 Writing a backend
 =================
-A backend is a class with the async methods of ``django_anarchon.backends.base.Backend``
-(``BaseBackend`` is a convenient base). Its one duty: for one job and one slot,
-``claim()`` answers ``True`` to exactly one instance, atomically on the store, and answers
-``True`` again when the winner repeats its claim with the same token (network clients
-retry). A backend whose store can keep leases also offers ``backend.runs``, a ``RunStore``
-that follows the lease rules of the specification (section 5) on the store's clock.
+A backend is a class with the async methods of ``django_anarchon.backends.base.Backend``;
+``BaseBackend`` is a convenient base (``OPTIONS`` from settings reach its constructor as
+keyword arguments). What each method owes the engine:
+
+``claim(input)``
+    ``True`` for exactly one instance per (``input.job``, ``input.slot``), decided in ONE
+    atomic step on the store (insert with a unique key, put-if-absent, a server-side
+    script or transaction). Checking first and writing second, in two calls, lets two
+    instances win. Store ``input.token`` with the claim: the same token again must answer
+    ``True`` (clients retry after a dropped connection), any other token ``False``.
+``dedupe_window_ms``
+    How long the store remembers a claim; ``math.inf`` if forever. The engine refuses a
+    job whose ``jitter + max_late`` is not shorter. Override ``check_job`` to refuse
+    other jobs your store cannot run safely (raise ``ConfigurationError``).
+``record_manual_run(input)``
+    Record a ``run_now()`` run as running, never deduplicated. If the slot already has
+    a manual run, store it under a free slot and return that slot (else ``None``).
+``save_result(job, result, history_size, history_ttl_ms)``, ``history(job, limit)``
+    Keep attempts (pruned in the store to ``history_size`` per job and to
+    ``history_ttl_ms``) and return them newest first from every instance. Build the
+    records with ``build_history`` so new fields reach you without changes. If ``claim()``
+    does not itself leave a history record, also offer ``record_claim(input)``: the
+    engine calls it after a won claim.
+``init()``, ``prepare_job(job, history_size)``, ``close()``
+    Connect (idempotently), set up per-job structures, and close only what you opened.
+``claim_many(inputs)`` (optional)
+    Decide many claims in one round trip; the engine uses it for claims due together.
+
+A store that can keep leases also offers ``backend.runs``, a ``RunStore`` following the
+lease rules of the specification (section 5), every method atomic and timed by the
+STORE's clock so that instances with skewed clocks agree. A runner whose token was
+replaced must be refused by ``heartbeat``, ``finish`` and ``release``: that is the fencing.
+
+Errors you raise reach the user unchanged. What you store is versioned by you: during a
+rolling deploy two releases share one store.
 
 Testing it
 ==========
 Subclass ``BackendContract`` in a test module and give it a ``make_backend`` fixture that
 returns a zero-argument factory. Each call of the factory must build a NEW backend
 instance (a new client or connection) that talks to the SAME store; the factory may be
-a plain function or an ``async`` one::
+a plain function or an ``async`` one, and must not return a client bound to another
+event loop::
 
     import pytest
     from django_anarchon.testing import BackendContract
@@ -28,18 +58,28 @@ a plain function or an ``async`` one::
         def make_backend(self):
             return lambda: KeyValueBackend(url="kv://127.0.0.1:7000")
 
-The suite then checks:
+A store kept in one process may return the same instance every time (``MemoryBackend``
+does); ``close()`` is then called once.
+
+The suite checks:
 
 * the race: ``race_claimers`` claimers of one slot, ``race_rounds`` times, exactly one
-  winner each time, through ``claim()`` and, on lease stores, through ``runs.claim()``;
-* repeat safety: the same token wins again, another token loses;
-* history: a claim plus ``save_result()`` comes back as one record with the right
-  fields, newest first across instances, pruned by ``history_size`` and ``history_ttl``;
-  manual runs are recorded and never deduplicated;
-* every lease rule, only when ``backend.runs`` is not ``None``: won, running, done, retry,
-  attempts used up, none, late, overlap, takeover after a lapse (with history showing the
-  interrupted attempt), fencing of a stale token in ``heartbeat``/``finish``/``release``,
-  renewal of a lapsed lease, release, ``active()``, ``keep_ms``.
+  winner each time, through ``claim()`` and, on lease stores, through ``runs.claim()``
+  (whose losers must hear ``running(1)``); the same for ``claim_many`` when offered,
+  over ``race_many_jobs`` jobs due at once for ``race_many_rounds`` rounds;
+* repeat safety: the same token wins again, another token loses; jobs and slots are
+  independent; an unknown job has no history;
+* history: a claim plus ``save_result()`` comes back as one record with the right job,
+  slot, instance, attempt, status, error, duration and times; newest first across
+  instances; pruned by ``history_size`` and ``history_ttl``; manual runs appear with
+  ``manual=True`` and reason ``manual``, and two of one slot both appear;
+* every lease rule, only when ``backend.runs`` is not ``None``: won, running, the same
+  claim again, done after success, retries while attempts remain (keeping the claim's
+  reason), done when used up, none for a takeover of an unknown run, late, overlap
+  (``skip`` and ``allow``; a lapsed lease does not block), takeover after a lapse (attempt
+  2 with reason ``takeover``, attempt 1 ``interrupted`` with an error), a lapse with the
+  attempts used up (done, ``interrupted``), fencing of stale tokens, renewal of a lapsed
+  lease nobody took, ``release`` handing over at once, ``active()``, ``keep_ms``.
 
 How the suite behaves, so that it can run against a shared real server:
 
@@ -52,7 +92,7 @@ How the suite behaves, so that it can run against a shared real server:
 * Lease timing never assumes the test's clock equals the store's: leases are short
   (``lease_ms``, 400 ms) and the suite waits on ``runs.active()`` with a deadline
   (``wait_timeout``) instead of sleeping a fixed time. Slots are near the test's clock;
-  "late" uses an hour of margin.
+  "late" and the history ttl use an hour of margin.
 
 Tuning, as class attributes:
 
@@ -61,15 +101,25 @@ Tuning, as class attributes:
     affordable; the built-in backends run at least 50 x 1,000.
 ``race_clients``
     How many backend instances the claimers are spread over (default: one each).
+``race_many_jobs``, ``race_many_rounds``
+    The size of the ``claim_many`` races (20 x 20).
 ``race_threads``
     ``True`` runs each claimer in its own thread, with its own backend instance and
-    event loop. Use it when concurrent coroutines on one loop are not concurrent on the
-    store, for example a backend that calls a blocking client through
-    ``sync_to_async(thread_sensitive=True)``, which funnels every call through one thread.
-``process_factory``, ``process_claimers``, ``process_rounds``
-    A ``"package.module:callable"`` path that builds a backend in a fresh process (call
-    ``django.setup()`` in it if the backend needs Django). When set, the race also runs
-    across OS processes once (``race_in_processes``).
+    event loop, a barrier starting every round. Use it when concurrent coroutines on
+    one loop are not concurrent on the store, for example a backend that calls a
+    blocking client through ``sync_to_async(thread_sensitive=True)``, which funnels
+    every call through one thread.
+``process_factory``, ``process_claimers`` (4), ``process_rounds`` (20)
+    A ``"package.module:callable"`` path that builds a backend in a fresh, ``spawn``ed
+    process. When set, the race also runs across OS processes. The callable must do
+    everything the process needs (``django.setup()`` with the same test database, for
+    a backend that uses Django)::
+
+        def kv_factory():
+            return KeyValueBackend(url="kv://127.0.0.1:7000")
+
+        class TestKeyValueBackend(BackendContract):
+            process_factory = "tests.test_kv:kv_factory"
 ``supports_leases``
     ``None`` (default) detects a ``RunStore`` from ``backend.runs``; ``False`` skips the
     lease tests.
@@ -79,8 +129,9 @@ Tuning, as class attributes:
 A database backend needs database access in its tests, and its threads must see
 committed rows: mark the subclass ``pytestmark = pytest.mark.django_db(transaction=True)``.
 
-The helpers ``count_winners``, ``assert_one_winner_each``, ``race_in_threads`` and
-``race_in_processes`` are public for tests of your own.
+The helpers are public for tests of your own: ``count_winners`` (how many answers won),
+``assert_one_winner_each`` (fails naming the bad rounds), ``race_in_threads`` and
+``race_in_processes`` (winners of each round), ``unique_job``.
 """
 
 from __future__ import annotations
@@ -264,6 +315,14 @@ def _threaded_race(
                 won[round_no][index] = await _claim_round(
                     backend, contests, index, prefix, use_runs, use_many
                 )
+            if use_runs:
+                mine = [
+                    (job, slot)
+                    for r, contests in enumerate(rounds)
+                    for (job, slot), w in zip(contests, won[r][index], strict=True)
+                    if w
+                ]
+                await _finish_won(backend, mine, index, prefix)
         finally:
             await backend.close()
 
@@ -306,6 +365,7 @@ async def _gathered_race(
             await client.prepare_job(job, 100)
     prefix = uuid.uuid4().hex
     winners: list[int] = []
+    won_by: dict[int, list[Contest]] = {}
     for contests in rounds:
         answers = await asyncio.gather(
             *(
@@ -314,7 +374,33 @@ async def _gathered_race(
             )
         )
         winners.extend(sum(a[c] for a in answers) for c in range(len(contests)))
+        for i, answer in enumerate(answers):
+            won_by.setdefault(i, []).extend(c for c, w in zip(contests, answer, strict=True) if w)
+    if use_runs:
+        for i, mine in won_by.items():
+            await _finish_won(clients[i % len(clients)], mine, i, prefix)
     return winners
+
+
+async def _finish_won(
+    backend: AnyBackend, contests: Sequence[Contest], claimer: int, prefix: str
+) -> None:
+    """Finish the runs a claimer won, so that the store may forget them after keep_ms.
+
+    Only the winner's token may finish a run, so this doubles as a check of the winners.
+    """
+    runs = _runs_of(backend)
+    assert runs is not None
+    for start in range(0, len(contests), 100):
+        chunk = contests[start : start + 100]
+        done = await asyncio.gather(
+            *(
+                runs.finish(job, slot, _race_claim(job, slot, claimer, prefix).token, "success")
+                for job, slot in chunk
+            )
+        )
+        refused = [c for c, ok in zip(chunk, done, strict=True) if not ok]
+        assert not refused, f"claimer-{claimer} won but could not finish {refused[:5]}"
 
 
 def _import_factory(path: str) -> BackendFactory:
