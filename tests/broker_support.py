@@ -1,0 +1,261 @@
+"""The real RabbitMQ and NATS servers of the broker tests, a proxy that cuts, and restarts.
+
+* ``rabbitmq_url()`` / ``nats_url()``: the local servers (or ``ANARCHON_RABBITMQ_URL`` /
+  ``ANARCHON_NATS_URL``); unreachable means fail under CI and skip, loudly, elsewhere.
+* ``CuttingProxy``: a loopback TCP proxy that forwards both ways until told to swallow
+  replies; then the server acts on what the client sent, the client never hears back,
+  and ``cut()`` closes every connection (a connection lost between request and answer).
+* ``restart_rabbitmq()`` / ``restart_nats()``: stop the real server and start it again;
+  ``ensure_rabbitmq_up()`` / ``ensure_nats_up()`` bring it back whatever happened (call
+  them in ``finally``: other tests share these servers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+RABBITMQ_URL = os.environ.get("ANARCHON_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+NATS_URL = os.environ.get("ANARCHON_NATS_URL", "nats://127.0.0.1:4222")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+NATS_SERVER = "/usr/sbin/nats-server"
+NATS_ARGS = [
+    "-a", "127.0.0.1", "-p", "4222", "-js", "-sd", "/var/lib/nats-server",
+    "-l", "/var/log/nats-server.log",
+]
+
+
+def unavailable(reason: str) -> None:
+    """Fail under CI, skip elsewhere: a server the tests need is missing."""
+    if IN_CI:
+        pytest.fail(f"CI: {reason}", pytrace=False)
+    pytest.skip(f"SKIPPED, NOT TESTED: {reason}")
+
+
+def _host_port(url: str, default_port: int) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+def _answers(host: str, port: int, greeting: bytes, send: bytes = b"") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0) as sock:
+            if send:
+                sock.sendall(send)
+            sock.settimeout(1.0)
+            return sock.recv(64).startswith(greeting)
+    except OSError:
+        return False
+
+
+def _amqp_answers(host: str = "127.0.0.1", port: int = 5672) -> bool:
+    # A client sends the protocol header; a broker answers with connection.start (frame 1).
+    return _answers(host, port, b"\x01", send=b"AMQP\x00\x00\x09\x01")
+
+
+def _nats_answers(host: str = "127.0.0.1", port: int = 4222) -> bool:
+    return _answers(host, port, b"INFO")
+
+
+def rabbitmq_url() -> str:
+    host, port = _host_port(RABBITMQ_URL, 5672)
+    if not _amqp_answers(host, port):
+        unavailable(f"no RabbitMQ answers at {host}:{port} (set ANARCHON_RABBITMQ_URL)")
+    return RABBITMQ_URL
+
+
+def nats_url() -> str:
+    host, port = _host_port(NATS_URL, 4222)
+    if not _nats_answers(host, port):
+        unavailable(f"no NATS server answers at {host}:{port} (set ANARCHON_NATS_URL)")
+    return NATS_URL
+
+
+def wait_until(predicate: object, timeout: float, what: str) -> None:
+    """Poll ``predicate()`` until true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still not true after {timeout}s")
+        time.sleep(0.1)
+
+
+# -- restarts of the real local servers ----------------------------------------------
+
+
+def can_restart_rabbitmq() -> bool:
+    return shutil.which("rabbitmqctl") is not None and RABBITMQ_URL.startswith(
+        "amqp://guest:guest@127.0.0.1:5672"
+    )
+
+
+def can_restart_nats() -> bool:
+    return os.path.exists(NATS_SERVER) and NATS_URL == "nats://127.0.0.1:4222"
+
+
+def _run(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def stop_rabbitmq() -> None:
+    """Stop the RabbitMQ application (the Erlang node stays up, so start is quick)."""
+    _run("rabbitmqctl", "stop_app")
+
+
+def ensure_rabbitmq_up(timeout: float = 90) -> None:
+    """Start RabbitMQ's application (or the whole node) until AMQP answers again."""
+    if _amqp_answers():
+        return
+    _run("rabbitmqctl", "start_app", timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while not _amqp_answers():
+        if time.monotonic() > deadline:
+            raise AssertionError("RabbitMQ did not come back")
+        if _run("rabbitmqctl", "status", timeout=20).returncode != 0:
+            # The node itself is down: start it detached, then its application.
+            _run("rabbitmq-server", "-detached", timeout=20)
+            time.sleep(3)
+            _run("rabbitmqctl", "start_app", timeout=timeout)
+        time.sleep(0.5)
+
+
+def restart_rabbitmq() -> None:
+    try:
+        stop_rabbitmq()
+    finally:
+        ensure_rabbitmq_up()
+
+
+def _nats_pids() -> list[int]:
+    out = _run("pidof", "nats-server").stdout.split()
+    return [int(p) for p in out]
+
+
+def stop_nats() -> None:
+    """Stop nats-server (SIGTERM, then SIGKILL) and wait until the port is free."""
+    for pid in _nats_pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while _nats_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _nats_pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not _nats_answers(), 10, "nats-server stopped")
+
+
+def ensure_nats_up(timeout: float = 30) -> None:
+    """Start nats-server as the machine's service does, and wait until JetStream answers."""
+    if not _nats_answers():
+        _run(
+            "start-stop-daemon", "--start", "--oknodo", "--background", "--exec", NATS_SERVER,
+            "--", *NATS_ARGS,
+        )
+    wait_until(_nats_answers, timeout, "nats-server answering")
+    wait_until(_jetstream_ready, timeout, "JetStream ready")
+
+
+def _jetstream_ready() -> bool:
+    async def probe() -> bool:
+        import nats
+
+        try:
+            nc = await nats.connect(NATS_URL, connect_timeout=1, max_reconnect_attempts=0)
+        except Exception:
+            return False
+        try:
+            await nc.jetstream().account_info()
+            return True
+        except Exception:
+            return False
+        finally:
+            await nc.close()
+
+    return asyncio.run(probe())
+
+
+def restart_nats() -> None:
+    try:
+        stop_nats()
+    finally:
+        ensure_nats_up()
+
+
+# -- a proxy that loses answers ------------------------------------------------------
+
+
+class CuttingProxy:
+    """Forwards 127.0.0.1:<port> to a server; can swallow replies and cut connections.
+
+    Runs on the test's event loop. ``swallow()`` keeps forwarding what clients send but
+    drops what the server answers; ``cut()`` then closes every connection and goes back
+    to forwarding, so the client's reconnect (through the proxy) works.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self.swallowing = False
+        self.forwarded_up = 0  # bytes sent by clients to the server
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> CuttingProxy:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def swallow(self) -> None:
+        self.swallowing = True
+
+    async def cut(self) -> None:
+        """Close every proxied connection (both sides), then forward normally again."""
+        writers, self._writers = list(self._writers), set()
+        for writer in writers:
+            writer.transport.abort()
+        self.swallowing = False
+        await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        await self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.update((writer, up_writer))
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if up:
+                        self.forwarded_up += len(data)
+                    elif self.swallowing:
+                        continue
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(
+            pump(reader, up_writer, True), pump(up_reader, writer, False), return_exceptions=True
+        )
+        self._writers.discard(writer)
+        self._writers.discard(up_writer)
