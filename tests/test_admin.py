@@ -1,0 +1,310 @@
+"""The admin with Django's test client: Jobs page, Run now, history and leases, permissions."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client, override_settings
+
+from django_anarchon import admin as anarchon_admin
+from django_anarchon import every
+from django_anarchon.backends.base import RunRecord
+from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.handler import schedulers
+from django_anarchon.models import Run, RunAttempt, RunRequest
+from django_anarchon.registry import registry
+
+pytestmark = pytest.mark.django_db
+
+MEMORY = "django_anarchon.backends.memory.MemoryBackend"
+JOBS_URL = "/admin/django_anarchon/scheduledjob/"
+RUN_URL = "/admin/django_anarchon/scheduledjob/run/"
+TWO_SCHEDULERS = {
+    "default": {"BACKEND": MEMORY, "INSTANCE_ID": "web-1"},
+    "second": {"BACKEND": "tests.test_admin.SlowHistoryBackend", "INSTANCE_ID": "web-1"},
+}
+
+
+class SlowHistoryBackend(MemoryBackend):
+    """A store whose history answers late when asked to; claims stay exact."""
+
+    name = "slow-memory"
+    delay_s = 0.0
+
+    async def history(self, job: str, limit: int) -> list[RunRecord]:
+        await asyncio.sleep(type(self).delay_s)
+        return await super().history(job, limit)
+
+
+def ok(ctx: Any) -> None:
+    """Succeeds."""
+
+
+def boom(ctx: Any) -> None:
+    raise RuntimeError("the report server said no")
+
+
+@pytest.fixture(autouse=True)
+def jobs() -> Iterator[None]:
+    """Two schedulers with known jobs; the process-global registry is restored afterwards."""
+    saved = (registry._functions, registry._classes, registry._names)
+    registry._functions, registry._classes, registry._names = {}, {}, {}
+    every("1h", name="reports.daily")(ok)
+    every("1h", name="reports.flaky", max_attempts=1)(boom)
+    every("10m", name="mail.digest", scheduler="second")(ok)
+    anarchon_admin.history_cache.forget()
+    try:
+        with override_settings(ANARCHON=TWO_SCHEDULERS):
+            yield
+    finally:
+        SlowHistoryBackend.delay_s = 0.0
+        registry._functions, registry._classes, registry._names = saved
+        anarchon_admin.history_cache.forget()
+
+
+def staff(username: str, *perms: str) -> User:
+    user = User.objects.create_user(username, is_staff=True)  # force_login: no password hashing
+    for perm in perms:
+        app_label, codename = perm.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    return user
+
+
+VIEW_ALL = ("django_anarchon.view_scheduledjob", "django_anarchon.view_runattempt",
+            "django_anarchon.view_run", "django_anarchon.view_runrequest")
+
+
+@pytest.fixture
+def viewer() -> Client:
+    client = Client()
+    client.force_login(staff("viewer", *VIEW_ALL))
+    return client
+
+
+@pytest.fixture
+def runner() -> Client:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff("runner", *VIEW_ALL, "django_anarchon.run_job"))
+    return client
+
+
+def csrf_post(client: Client, url: str, data: dict[str, str]) -> Any:
+    """POST the way a browser does: with the token from the page's form."""
+    page = client.get(JOBS_URL)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode())
+    assert token, "the Jobs page has no CSRF token for a user who may run jobs"
+    return client.post(url, {**data, "csrfmiddlewaretoken": token.group(1)})
+
+
+# --- who sees what --------------------------------------------------------------------
+
+
+def test_anonymous_users_are_sent_to_login() -> None:
+    for url in (JOBS_URL, RUN_URL, "/admin/django_anarchon/runattempt/",
+                "/admin/django_anarchon/run/", f"{JOBS_URL}default/reports.daily/history/"):
+        response = Client().get(url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith("/admin/login/"), url
+
+
+def test_staff_without_permissions_see_nothing() -> None:
+    client = Client()
+    client.force_login(staff("nobody"))
+    index = client.get("/admin/").content.decode()
+    assert "django_anarchon" not in index and "Jobs" not in index
+    for url in (JOBS_URL, "/admin/django_anarchon/runattempt/", "/admin/django_anarchon/run/"):
+        assert client.get(url).status_code == 403, url
+    assert client.post(RUN_URL, {"scheduler": "default", "job": "reports.daily"}).status_code == 403
+    assert not RunRequest.objects.exists()
+
+
+def test_viewer_sees_jobs_but_no_run_now(viewer: Client) -> None:
+    index = viewer.get("/admin/").content.decode()
+    assert JOBS_URL in index
+    page = viewer.get(JOBS_URL).content.decode()
+    assert "reports.daily" in page
+    assert "Run now" not in page and RUN_URL not in page
+    response = viewer.post(RUN_URL, {"scheduler": "default", "job": "reports.daily"})
+    assert response.status_code == 403
+    assert not RunRequest.objects.exists()
+
+
+# --- the Jobs page --------------------------------------------------------------------
+
+
+def test_jobs_page_lists_every_job_of_every_scheduler(viewer: Client) -> None:
+    response = viewer.get(JOBS_URL)
+    assert response.status_code == 200
+    page = response.content.decode()
+    for alias in ("default", "second"):
+        assert f'id="scheduler-{alias}"' in page
+    for name in ("reports.daily", "reports.flaky", "mail.digest"):
+        assert f'data-job="{name}"' in page
+    assert "every 1h" in page and "every 10m" in page
+    for alias in ("default", "second"):  # each scheduler's backend is named
+        assert html.escape(anarchon_admin._describe(schedulers[alias])) in page
+
+
+def test_status_strip_shows_the_last_runs_oldest_first(viewer: Client) -> None:
+    scheduler = schedulers["default"]
+    for _ in range(3):
+        scheduler.run_now("reports.flaky")
+    scheduler.run_now("reports.daily")
+    page = viewer.get(JOBS_URL).content.decode()
+    flaky = page[page.index('data-job="reports.flaky"'):]
+    flaky = flaky[: flaky.index("</tr>")]
+    cells = re.findall(r'class="anarchon-cell anarchon-(\w+)" title="([^"]+)"', flaky)
+    assert [status for status, _ in cells] == ["failed"] * 3
+    assert all("the report server said no" in title and "web-1" in title for _, title in cells)
+    assert "manual" in cells[0][1]
+    daily = page[page.index('data-job="reports.daily"'):]
+    daily = daily[: daily.index("</tr>")]
+    assert re.findall(r"anarchon-cell anarchon-(\w+)", daily) == ["success"]
+    assert "anarchon-status anarchon-success" in daily  # the last run column
+
+
+def test_status_strip_is_capped_at_twenty(viewer: Client) -> None:
+    scheduler = schedulers["default"]
+    for _ in range(23):
+        scheduler.run_now("reports.daily")
+    page = viewer.get(JOBS_URL).content.decode()
+    daily = page[page.index('data-job="reports.daily"'):]
+    daily = daily[: daily.index("</tr>")]
+    assert len(re.findall(r"anarchon-cell anarchon-success", daily)) == 20
+
+
+def test_a_slow_store_does_not_hang_the_page(viewer: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(anarchon_admin, "READ_TIMEOUT_S", 0.3)
+    SlowHistoryBackend.delay_s = 2.0
+    started = time.monotonic()
+    response = viewer.get(JOBS_URL)
+    elapsed = time.monotonic() - started
+    assert response.status_code == 200
+    assert elapsed < 1.5, f"the page waited {elapsed:.2f}s for a slow store"
+    page = response.content.decode()
+    digest = page[page.index('data-job="mail.digest"'):]
+    assert "did not answer in time" in digest[: digest.index("</tr>")]
+    # the fast scheduler's jobs are complete all the same
+    daily = page[page.index('data-job="reports.daily"'):]
+    assert "did not answer" not in daily[: daily.index("</tr>")]
+
+
+def test_job_history_page_reads_any_backend(viewer: Client) -> None:
+    schedulers["second"].run_now("mail.digest")
+    page = viewer.get(f"{JOBS_URL}second/mail.digest/history/").content.decode()
+    assert "anarchon-reason-manual" in page
+    assert "web-1" in page
+
+
+# --- Run now --------------------------------------------------------------------------
+
+
+def test_run_now_files_a_request_and_runs_nothing_in_the_request(runner: Client) -> None:
+    response = csrf_post(runner, RUN_URL, {"scheduler": "default", "job": "reports.daily"})
+    assert response.status_code == 302
+    assert response["Location"] == JOBS_URL
+    request = RunRequest.objects.get()
+    assert (request.scheduler, request.job, request.requested_by) == ("default", "reports.daily",
+                                                                       "runner")
+    assert request.claimed_at is None
+    assert schedulers["default"].history("reports.daily") == []  # nothing ran here
+    page = runner.get(JOBS_URL).content.decode()
+    assert "will run on the next worker" in page
+    assert 'id="anarchon-pending"' in page
+
+
+def test_run_now_needs_csrf(runner: Client) -> None:
+    response = runner.post(RUN_URL, {"scheduler": "default", "job": "reports.daily"})
+    assert response.status_code == 403
+    assert not RunRequest.objects.exists()
+
+
+def test_run_now_is_post_only(runner: Client) -> None:
+    assert runner.get(RUN_URL).status_code == 405
+
+
+def test_run_now_refuses_unknown_jobs_and_schedulers(runner: Client) -> None:
+    csrf_post(runner, RUN_URL, {"scheduler": "default", "job": "mail.digest"})
+    assert "Scheduler &#x27;default&#x27; has no job" in runner.get(JOBS_URL).content.decode()
+    csrf_post(runner, RUN_URL, {"scheduler": "nightly", "job": "reports.daily"})
+    assert "There is no scheduler" in runner.get(JOBS_URL).content.decode()
+    assert not RunRequest.objects.exists()
+
+
+def test_run_now_takes_json_data(runner: Client) -> None:
+    csrf_post(runner, RUN_URL, {"scheduler": "second", "job": "mail.digest", "data": '{"full": true}'})
+    assert RunRequest.objects.get().data == {"full": True}
+    csrf_post(runner, RUN_URL, {"scheduler": "second", "job": "mail.digest", "data": "{nope"})
+    assert RunRequest.objects.count() == 1
+    assert "not valid JSON" in runner.get(JOBS_URL).content.decode()
+
+
+# --- run history and leases (the database backend's tables) ---------------------------
+
+
+def attempt(job: str, status: str, instance: str, *, minutes_ago: int, reason: str = "scheduled",
+            error: str | None = None) -> RunAttempt:
+    started = datetime.now(UTC) - timedelta(minutes=minutes_ago)
+    return RunAttempt.objects.create(
+        job=job, slot=int(started.timestamp() * 1000), scheduled_at=started, instance_id=instance,
+        manual=reason == "manual", attempt=1, reason=reason, status=status, started_at=started,
+        finished_at=started + timedelta(seconds=2), duration_ms=2000, error=error,
+    )
+
+
+def test_history_admin_filters_searches_and_is_read_only(viewer: Client) -> None:
+    attempt("reports.daily", "success", "web-1", minutes_ago=30)
+    attempt("reports.daily", "failed", "web-2", minutes_ago=20,
+            error='Traceback (most recent call last):\n  File "x.py"\nValueError: <bad> & worse')
+    attempt("mail.digest", "success", "web-2", minutes_ago=10, reason="manual")
+    url = "/admin/django_anarchon/runattempt/"
+    page = viewer.get(url).content.decode()
+    assert page.count('class="field-job"') == 3 or page.count("reports.daily") >= 2
+    for query, expected in (("status__exact=failed", 1), ("instance_id=web-2", 2),
+                            ("reason__exact=manual", 1), ("job=reports.daily", 2),
+                            ("q=ValueError", 1)):
+        response = viewer.get(f"{url}?{query}")
+        assert response.status_code == 200, query
+        assert response.context["cl"].result_count == expected, query
+    today = datetime.now(UTC)
+    response = viewer.get(f"{url}?started_at__year={today.year}")
+    assert response.context["cl"].result_count == 3
+    assert viewer.get(f"{url}add/").status_code == 403
+    failed = RunAttempt.objects.get(status="failed")
+    detail = viewer.get(f"{url}{failed.pk}/change/").content.decode()
+    assert '<pre class="anarchon-error">Traceback' in detail
+    assert "ValueError: &lt;bad&gt; &amp; worse" in detail  # escaped, line breaks kept
+    assert 'name="_save"' not in detail
+    assert viewer.post(f"{url}{failed.pk}/delete/", {"post": "yes"}).status_code == 403
+
+
+def test_leases_admin_tells_alive_from_lapsed(viewer: Client) -> None:
+    now = int(time.time() * 1000)
+    common = {"attempt": 1, "token": "t", "state": "running", "reason": "scheduled",
+              "started_at_ms": now - 5000}
+    Run.objects.create(job="reports.daily", slot=now - 5000, instance_id="web-1",
+                       lease_until_ms=now + 600_000, **common)
+    Run.objects.create(job="reports.flaky", slot=now - 6000, instance_id="web-2",
+                       lease_until_ms=now - 120_000, **{**common, "attempt": 2})
+    url = "/admin/django_anarchon/run/"
+    page = viewer.get(url).content.decode()
+    alive_row = page[page.index("reports.daily"):]
+    alive_row = alive_row[: alive_row.index("</tr>")]
+    assert "anarchon-alive" in alive_row and "web-1" in alive_row
+    assert re.search(r"field-expires_in\">(9m\d+s|10m)", alive_row), alive_row
+    lapsed_row = page[page.index("reports.flaky"):]
+    lapsed_row = lapsed_row[: lapsed_row.index("</tr>")]
+    assert "anarchon-lapsed" in lapsed_row and "web-2" in lapsed_row and "lapsed 2m" in lapsed_row
+    assert viewer.get(f"{url}?lease=alive").context["cl"].result_count == 1
+    assert viewer.get(f"{url}?lease=lapsed").context["cl"].result_count == 1
+    assert viewer.get(f"{url}add/").status_code == 403
