@@ -36,6 +36,7 @@ from . import conf
 from .backends.base import JobInfo, RunRecord
 from .durations import format_duration
 from .models import Run, RunAttempt, RunRequest, ScheduledJob
+from .run_requests import file_request
 
 if TYPE_CHECKING:
     from .engine import Scheduler
@@ -413,9 +414,7 @@ class ScheduledJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             except ValueError as exc:
                 messages.error(request, _("The data is not valid JSON: %(error)s") % {"error": exc})
                 return HttpResponseRedirect(changelist)
-        RunRequest.objects.create(
-            scheduler=alias, job=job, data=data, requested_by=request.user.get_username()
-        )
+        file_request(alias, job, data=data, requested_by=request.user.get_username())
         history_cache.forget(alias, job)
         messages.success(request, _("%(job)s will run on the next worker of scheduler %(alias)r "
                                     "that looks for requests.") % {"job": job, "alias": alias})

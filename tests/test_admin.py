@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
@@ -21,6 +22,7 @@ from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.handler import schedulers
 from django_anarchon.models import Run, RunAttempt, RunRequest
 from django_anarchon.registry import registry
+from django_anarchon.run_requests import claim_requests, run_request
 
 pytestmark = pytest.mark.django_db
 
@@ -308,3 +310,20 @@ def test_leases_admin_tells_alive_from_lapsed(viewer: Client) -> None:
     assert viewer.get(f"{url}?lease=alive").context["cl"].result_count == 1
     assert viewer.get(f"{url}?lease=lapsed").context["cl"].result_count == 1
     assert viewer.get(f"{url}add/").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_the_request_and_history_shows_the_manual_run(runner: Client) -> None:
+    csrf_post(runner, RUN_URL, {"scheduler": "second", "job": "mail.digest"})
+    scheduler = schedulers["second"]
+    (request,) = claim_requests("second", "worker-7")
+    assert claim_requests("second", "worker-8") == []  # one worker wins each request
+    async_to_sync(run_request)(scheduler, request)
+    request.refresh_from_db()
+    assert request.claimed_by == "worker-7" and request.slot is not None
+    page = runner.get(f"{JOBS_URL}second/mail.digest/history/").content.decode()
+    assert "anarchon-reason-manual" in page and "anarchon-status anarchon-success" in page
+    jobs_page = runner.get(JOBS_URL).content.decode()
+    assert 'id="anarchon-pending"' not in jobs_page
+    digest = jobs_page[jobs_page.index('data-job="mail.digest"'):]
+    assert "anarchon-cell anarchon-success" in digest[: digest.index("</tr>")]
