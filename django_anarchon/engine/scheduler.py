@@ -692,14 +692,16 @@ class Scheduler:
     async def _send_claim(self, claim: RunClaim, deadline_ms: int) -> ClaimOutcome | None:
         runs = self.backend.runs
         assert runs is not None
-        what = f"scheduler {self.name}: {claim.mode} claim of job {claim.job} slot {claim.slot}"
+        what = f"scheduler {self.name} ({self.instance_id}): {claim.mode} claim of job {claim.job} slot {claim.slot}"
         try:
-            return await retry_store_call(
+            outcome = await retry_store_call(
                 what,
                 lambda: runs.claim(claim),
                 deadline_ms=deadline_ms,
                 give_up=lambda: self._stopping,
             )
+            logger.debug("%s -> %s", what, outcome)
+            return outcome
         except Exception as exc:
             await self._emit(
                 "error",

@@ -1,0 +1,249 @@
+"""Several schedulers sharing one store: exactly once, takeover, hand-over, catch-up.
+
+Real time and the real memory store; every wait is a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.engine import JobContext, Scheduler
+
+from .test_engine_support import (
+    Calls,
+    ClaimOnlyMemoryBackend,
+    Events,
+    FlakyClaimBackend,
+    LoopThread,
+    iso_in,
+    now_ms,
+    stop_all,
+    wait_for,
+)
+
+JOBS = ("alpha", "beta", "gamma", "delta")
+
+
+async def _exactly_once(backend: MemoryBackend, seconds: float) -> None:
+    calls = Calls()
+
+    def make(job: str) -> Any:
+        async def async_handler(ctx: JobContext) -> None:
+            calls.add(job=job, slot=ctx.slot, by=ctx.instance_id)
+            await asyncio.sleep(0.005)
+
+        def sync_handler(ctx: JobContext) -> None:
+            calls.add(job=job, slot=ctx.slot, by=ctx.instance_id)
+
+        return async_handler if job in ("alpha", "gamma") else sync_handler
+
+    schedulers = [Scheduler(backend, instance_id=i, lease="2s") for i in ("A", "B", "C")]
+    for s in schedulers:
+        for job in JOBS:
+            s.every(job, "100ms", make(job), jitter="20ms" if job == "beta" else 0)
+    for s in schedulers:
+        await s.start()
+    first = now_ms()
+    await asyncio.sleep(seconds)
+    last = now_ms()
+    await stop_all(*schedulers)
+
+    counts = calls.count("job", "slot")
+    assert counts, "nothing ran"
+    assert max(counts.values()) == 1, {k: v for k, v in counts.items() if v > 1}
+    for job in JOBS:
+        slots = sorted(slot for (j, slot) in counts if j == job)
+        # Every slot due while all three ran (with room for the claim) ran exactly once.
+        due = range((first // 100 + 1) * 100, last - 150, 100)
+        missing = [s for s in due if s not in slots]
+        assert not missing, (job, missing)
+        history = await schedulers[0].ahistory(job, limit=1000)
+        per_slot: dict[int, list[str]] = {}
+        for record in history:
+            assert record.status == "success", record
+            assert record.attempt == 1 and record.reason == "scheduled", record
+            per_slot.setdefault(record.slot, []).append(record.instance_id)
+        assert all(len(v) == 1 for v in per_slot.values()), per_slot
+        assert sorted(per_slot) == slots
+    winners = {item["by"] for item in calls.items}
+    assert winners <= {"A", "B", "C"}
+
+
+async def test_three_schedulers_run_every_slot_exactly_once() -> None:
+    await _exactly_once(MemoryBackend(), 3.0)
+
+
+async def test_claim_only_backend_runs_every_slot_exactly_once() -> None:
+    await _exactly_once(ClaimOnlyMemoryBackend(), 1.5)
+
+
+async def test_store_error_during_claim_is_retried_with_the_same_token() -> None:
+    backend = FlakyClaimBackend(failures=2)
+    calls = Calls()
+    s = Scheduler(backend, instance_id="A")
+    s.at("once", iso_in(150), lambda ctx: calls.add(slot=ctx.slot))
+    await s.start()
+    try:
+        await wait_for(lambda: len(calls) == 1, what="the run after two failed claims")
+    finally:
+        await s.stop()
+    records = await s.ahistory("once")
+    tokens = [t for (job, _slot, t) in backend.tokens if job == "once"]
+    assert len(tokens) == 3, backend.tokens
+    assert len(set(tokens)) == 1, "a retried claim must send the same token"
+    assert [r.status for r in records] == ["success"]
+
+
+async def test_blocked_runner_is_taken_over_and_its_late_finish_refused() -> None:
+    backend = MemoryBackend()
+    calls = Calls()
+    started = threading.Event()
+
+    async def handler(ctx: JobContext) -> None:
+        calls.add(by=ctx.instance_id, attempt=ctx.attempt, reason=ctx.reason, at=now_ms())
+        if ctx.instance_id == "A":
+            started.set()
+            time.sleep(2.0)  # blocks A's whole event loop: no heartbeat can be sent
+
+    a = Scheduler(backend, instance_id="A", lease="600ms", heartbeat="200ms")
+    b = Scheduler(backend, instance_id="B", lease="600ms", heartbeat="200ms")
+    events = Events(a, b)
+    when = iso_in(200)
+    for s in (a, b):
+        s.at("report", when, handler, max_attempts=2)
+    runner = LoopThread(a).start()
+    try:
+        await asyncio.to_thread(started.wait, 5)
+        assert started.is_set()
+        await b.start()
+        await wait_for(lambda: bool(calls.where(by="B")), 5, "B's takeover")
+        taken = calls.where(by="B")[0]
+        first = calls.where(by="A")[0]
+        assert taken["attempt"] == 2 and taken["reason"] == "takeover"
+        # lease + heartbeat (+ B's poll and CPU contention slack)
+        assert taken["at"] - first["at"] < 600 + 200 + 600, taken["at"] - first["at"]
+        await wait_for(lambda: bool(events.named("lost", instance_id="A")), 5, "A's lost event")
+    finally:
+        runner.stop()
+        await b.stop()
+    lost = events.named("lost", instance_id="A")[0]
+    assert lost.record is not None and lost.record.status == "interrupted"
+    assert lost.reason == "takeover"
+    history = await b.ahistory("report")
+    by_attempt = {(r.instance_id, r.attempt): r for r in history}
+    assert by_attempt[("B", 2)].status == "success"
+    assert by_attempt[("B", 2)].reason == "takeover"
+    assert by_attempt[("A", 1)].status == "interrupted"
+    assert "lease lost" in (by_attempt[("A", 1)].error or "")
+    assert len(calls) == 2
+
+
+async def test_stop_hands_a_running_run_to_a_backup_at_once() -> None:
+    backend = MemoryBackend()
+    calls = Calls()
+    release = threading.Event()
+    started = threading.Event()
+
+    def handler(ctx: JobContext) -> None:
+        calls.add(by=ctx.instance_id, attempt=ctx.attempt, reason=ctx.reason, at=now_ms())
+        if ctx.instance_id == "A":
+            started.set()
+            release.wait(10)  # ignores its abort signal: only the grace ends it
+
+    a = Scheduler(backend, instance_id="A", lease="10s", heartbeat="200ms")
+    b = Scheduler(backend, instance_id="B", lease="10s", heartbeat="200ms")
+    events = Events(a, b)
+    when = iso_in(150)
+    for s in (a, b):
+        s.at("deploy", when, handler, max_attempts=2)
+    await a.start()
+    try:
+        await asyncio.to_thread(started.wait, 5)
+        await b.start()
+        stop_at = now_ms()
+        await a.stop(grace="100ms")
+        await wait_for(lambda: bool(calls.where(by="B")), 5, "B takes the run over")
+        taken = calls.where(by="B")[0]
+        assert taken["attempt"] == 2 and taken["reason"] == "takeover"
+        assert taken["at"] - stop_at < 2_000, "the backup must not wait for the 10 s lease"
+        await wait_for(lambda: bool(events.named("success", instance_id="B")), 5, "B's success")
+    finally:
+        release.set()
+        await stop_all(a, b)
+    history = {(r.instance_id, r.attempt): r for r in await b.ahistory("deploy")}
+    assert history[("A", 1)].status == "interrupted"
+    assert history[("B", 2)].status == "success"
+    interrupted = events.named("interrupted", instance_id="A")
+    assert interrupted and interrupted[0].reason == "stop"
+
+
+async def test_a_handler_finishing_within_the_grace_keeps_its_result() -> None:
+    backend = MemoryBackend()
+    started = threading.Event()
+
+    def handler(ctx: JobContext) -> str:
+        started.set()
+        ctx.signal.wait(10)
+        return "done"  # returns normally after the abort: a real success
+
+    s = Scheduler(backend, instance_id="A")
+    s.at("graceful", iso_in(100), handler)
+    await s.start()
+    await asyncio.to_thread(started.wait, 5)
+    await s.stop(grace="5s")
+    (record,) = await s.ahistory("graceful")
+    assert record.status == "success"
+
+
+async def test_catch_up_runs_the_missed_slot_once_after_everyone_was_down() -> None:
+    backend = MemoryBackend()
+    calls = Calls()
+
+    def handler(ctx: JobContext) -> None:
+        calls.add(by=ctx.instance_id, slot=ctx.slot, reason=ctx.reason)
+
+    # Start at least 300 ms after a 1 s slot so it is past max_late (100 ms) for sure.
+    while not 300 <= now_ms() % 1000 <= 700:
+        await asyncio.sleep(0.02)
+    missed = now_ms() // 1000 * 1000
+    a = Scheduler(backend, instance_id="A")
+    a.every("nightly", "1s", handler, max_late="100ms", catch_up="10s")
+    await a.start()
+    try:
+        await wait_for(lambda: bool(calls.where(slot=missed)), 3, "the catch-up run")
+    finally:
+        await a.stop()
+    assert calls.where(slot=missed)[0]["reason"] == "catch-up"
+    # Another instance starting later finds it done: no second run.
+    b = Scheduler(backend, instance_id="B")
+    b.every("nightly", "1s", handler, max_late="100ms", catch_up="10s")
+    await b.start()
+    try:
+        await asyncio.sleep(0.2)
+        history = await b.ahistory("nightly", limit=100)
+    finally:
+        await b.stop()
+    assert len(calls.where(slot=missed)) == 1
+    records = [r for r in history if r.slot == missed]
+    assert [(r.instance_id, r.reason, r.status) for r in records] == [("A", "catch-up", "success")]
+
+
+async def test_at_job_runs_once_across_instances() -> None:
+    backend = MemoryBackend()
+    calls = Calls()
+    schedulers = [Scheduler(backend, instance_id=i) for i in "ABC"]
+    when = iso_in(150)
+    for s in schedulers:
+        s.at("launch", when, lambda ctx: calls.add(by=ctx.instance_id))
+        await s.start()
+    try:
+        await wait_for(lambda: len(calls) == 1, what="the one-off run")
+        await asyncio.sleep(0.3)
+        assert all(s.jobs()[0].next_run_at is None for s in schedulers)
+    finally:
+        await stop_all(*schedulers)
+    assert len(calls) == 1

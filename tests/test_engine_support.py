@@ -1,0 +1,160 @@
+"""Helpers shared by the engine tests (no tests here).
+
+The backends below are the real ``MemoryBackend`` store, changed only where a test needs
+it: without leases (a claim-only store), or with a claim that fails a few times first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from django_anarchon.backends.base import ClaimInput
+from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.engine import Scheduler
+from django_anarchon.engine.events import Event
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def iso_in(ms: int) -> str:
+    """An ISO instant ``ms`` from now (for ``at`` jobs)."""
+    return datetime.fromtimestamp((now_ms() + ms) / 1000, tz=UTC).isoformat()
+
+
+async def wait_for(
+    condition: Callable[[], bool], timeout: float = 5.0, what: str = "condition"
+) -> None:
+    """Poll ``condition`` until true, failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def wait_for_sync(condition: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class Calls:
+    """What handlers saw, recorded from any thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: list[dict[str, Any]] = []
+
+    def add(self, **item: Any) -> None:
+        with self.lock:
+            self.items.append(item)
+
+    def where(self, **match: Any) -> list[dict[str, Any]]:
+        with self.lock:
+            return [i for i in self.items if all(i.get(k) == v for k, v in match.items())]
+
+    def count(self, *keys: str) -> Counter[tuple[Any, ...]]:
+        with self.lock:
+            return Counter(tuple(i[k] for k in keys) for i in self.items)
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.items)
+
+
+class Events:
+    """Collects scheduler events."""
+
+    def __init__(self, *schedulers: Scheduler, names: tuple[str, ...] = ()) -> None:
+        self.items: list[Event] = []
+        for scheduler in schedulers:
+            for name in names or ("start", "success", "failure", "interrupted", "skip", "lost",
+                                  "error"):
+                scheduler.on(name, self.items.append)
+
+    def named(self, name: str, **match: Any) -> list[Event]:
+        return [
+            e for e in list(self.items)
+            if e.name == name and all(getattr(e, k) == v for k, v in match.items())
+        ]
+
+
+class ClaimOnlyMemoryBackend(MemoryBackend):
+    """The memory store without its lease store: the claim-only path of the engine."""
+
+    name = "memory-claim-only"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = None  # type: ignore[assignment]
+
+
+class FlakyClaimBackend(ClaimOnlyMemoryBackend):
+    """Claims fail with ``ConnectionError`` ``failures`` times, then reach the store."""
+
+    def __init__(self, failures: int = 2) -> None:
+        super().__init__()
+        self.failures = failures
+        self.tokens: list[tuple[str, int, str]] = []
+
+    async def claim(self, input: ClaimInput) -> bool:
+        self.tokens.append((input.job, input.slot, input.token))
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("store unreachable (test)")
+        return await super().claim(input)
+
+
+class LoopThread:
+    """A scheduler serving on its own event loop in its own thread."""
+
+    def __init__(self, scheduler: Scheduler, grace: str = "5s") -> None:
+        self.scheduler = scheduler
+        self.grace = grace
+        self.started = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        async def serve() -> None:
+            await self.scheduler.start()
+            self.started.set()
+            await self.scheduler.serve(self.grace)  # already started: waits, then stops
+
+        try:
+            asyncio.run(serve())
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+            self.started.set()
+
+    def start(self) -> LoopThread:
+        self.thread.start()
+        assert self.started.wait(10), "scheduler thread did not start"
+        if self.error:
+            raise self.error
+        return self
+
+    def stop(self, timeout: float = 20) -> None:
+        self.scheduler.request_stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "scheduler thread did not stop"
+        if self.error:
+            raise self.error
+
+
+async def stop_all(*schedulers: Scheduler, grace: str = "2s") -> None:
+    await asyncio.gather(*(s.stop(grace) for s in schedulers))
+
+
+def run(coro: Awaitable[Any]) -> Any:  # pragma: no cover - convenience for debugging
+    return asyncio.run(coro)  # type: ignore[arg-type]
