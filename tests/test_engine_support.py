@@ -30,7 +30,9 @@ def iso_in(ms: int) -> str:
 
 
 async def wait_for(
-    condition: Callable[[], bool], timeout: float = 5.0, what: str = "condition"
+    condition: Callable[[], bool],
+    timeout: float = 5.0,  # noqa: ASYNC109 - a polling deadline, not a cancel scope
+    what: str = "condition",
 ) -> None:
     """Poll ``condition`` until true, failing after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

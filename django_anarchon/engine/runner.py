@@ -22,6 +22,7 @@ from django.db import close_old_connections, connections
 
 from ..backends.base import (
     Backend,
+    BaseBackend,
     FinalStatus,
     RunReason,
     RunRecord,
@@ -55,7 +56,7 @@ class RunnerHost(Protocol):
 
     name: str
     instance_id: str
-    backend: Backend
+    backend: Backend | BaseBackend
     lease_ms: int
     heartbeat_ms: int
     data: Any

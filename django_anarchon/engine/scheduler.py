@@ -24,6 +24,7 @@ from asgiref.sync import async_to_sync
 
 from ..backends.base import (
     Backend,
+    BaseBackend,
     ClaimInput,
     ClaimOutcome,
     JobInfo,
@@ -108,7 +109,7 @@ class Scheduler:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Backend | BaseBackend,
         name: str = "default",
         instance_id: str | None = None,
         lease: object = "30s",
