@@ -1,0 +1,62 @@
+"""``manage.py anarchon_history [JOB]``: the latest runs, from every instance, newest first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_anarchon.backends.base import RunRecord, sort_newest_first
+from django_anarchon.durations import format_duration
+
+from ._output import add_scheduler_argument, find_job, selected_schedulers, table, to_json, when
+
+
+class Command(BaseCommand):
+    help = "Show the latest runs of a job (or of every job), newest first, from every instance."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("job", nargs="?", help="A job name (default: every job).")
+        add_scheduler_argument(parser)
+        parser.add_argument("--limit", type=int, default=20, help="How many runs (default 20).")
+        parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        limit = options["limit"]
+        if limit < 1:
+            raise CommandError(f"--limit must be at least 1, got {limit}")
+        records: list[tuple[str, RunRecord]] = []
+        if options["job"]:
+            alias, scheduler = find_job(options["job"], options["schedulers"])
+            records = [(alias, r) for r in scheduler.history(options["job"], limit)]
+        else:
+            for alias, scheduler in selected_schedulers(options["schedulers"]):
+                for info in scheduler.jobs():
+                    records.extend((alias, r) for r in scheduler.history(info.name, limit))
+            order = {id(r): i for i, r in enumerate(sort_newest_first([r for _, r in records]))}
+            records = sorted(records, key=lambda pair: order[id(pair[1])])[:limit]
+        if options["json"]:
+            self.stdout.write(to_json([{"scheduler": a, **r.to_dict()} for a, r in records]))
+            return
+        if not records:
+            self.stdout.write("No runs recorded yet.")
+            return
+        rows = [
+            [r.job, when(r.scheduled_at), r.status, r.instance_id, r.attempt,
+             r.reason + (" (manual)" if r.manual and r.reason != "manual" else ""),
+             when(r.started_at), format_duration(r.duration_ms) if r.duration_ms else "-",
+             _first_line(r.error)]
+            for _, r in records
+        ]
+        self.stdout.write(table(
+            ["JOB", "SCHEDULED", "STATUS", "INSTANCE", "ATTEMPT", "REASON", "STARTED", "DURATION",
+             "ERROR"],
+            rows,
+        ))
+
+
+def _first_line(error: str | None) -> str:
+    if not error:
+        return ""
+    line = error.strip().splitlines()[-1]
+    return line if len(line) <= 80 else line[:77] + "..."
