@@ -116,16 +116,13 @@ class RunAttemptAdmin(ReadOnlyAdmin):
 
 def database_now_ms(using: str) -> int:
     """The database server's clock in epoch ms: leases are judged by it, never by ours."""
+    from .backends.database.clock import SUPPORTED_VENDORS, now_ms_sql
+
     connection = connections[using]
-    sql = {
-        "postgresql": "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint",
-        "mysql": "SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
-        "sqlite": "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)",
-    }.get(connection.vendor)
-    if sql is None:
+    if connection.vendor not in SUPPORTED_VENDORS:
         return int(time.time() * 1000)
     with connection.cursor() as cursor:
-        cursor.execute(sql)
+        cursor.execute(f"SELECT {now_ms_sql(connection.vendor)}")
         row = cursor.fetchone()
     return int(row[0])
 

@@ -218,9 +218,15 @@ def check_sqlite(alias: str, entry: dict[str, Any], backend: Any) -> list[CheckM
     """
     if backend is None or not _is_database_backend(backend):
         return []
-    options = entry["OPTIONS"] if isinstance(entry["OPTIONS"], dict) else {}
-    using = options.get("using", "default")
-    database: dict[str, Any] | None = settings.DATABASES.get(using)
+    try:
+        using = str(backend.using)
+    except ConfigurationError as exc:
+        return [Error(
+            f"settings.{_setting(alias, 'OPTIONS')}: {exc}",
+            hint="Name a database of settings.DATABASES in OPTIONS['using'].",
+            id="anarchon.E003",
+        )]
+    database: dict[str, Any] | None = dict(settings.DATABASES).get(using)
     if database is None or database.get("ENGINE") != SQLITE_ENGINE:
         return []
     db_options: dict[str, Any] = database.get("OPTIONS") or {}

@@ -18,6 +18,7 @@ from django_anarchon.exceptions import ConfigurationError
 from django_anarchon.registry import registry
 
 MEMORY = "django_anarchon.backends.memory.MemoryBackend"
+DATABASE = "django_anarchon.backends.database.DatabaseBackend"
 
 
 @pytest.fixture(autouse=True)
@@ -160,7 +161,7 @@ def test_w002_one_off_in_the_past_warns_and_never_errors() -> None:
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
 def test_w001_sqlite_without_immediate() -> None:
     databases = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
-    config = {"default": {"BACKEND": "tests.test_checks.FakeDatabaseBackend"}}
+    config = {"default": {"BACKEND": DATABASE}}
     with override_settings(ANARCHON=config, DATABASES=databases):
         (message,) = run_all()
     assert message.id == "anarchon.W001"
@@ -171,7 +172,7 @@ def test_w001_sqlite_without_immediate() -> None:
 def test_w001_silent_when_sqlite_is_configured_for_several_processes() -> None:
     databases = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:",
                              "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20}}}
-    config = {"default": {"BACKEND": "tests.test_checks.FakeDatabaseBackend"}}
+    config = {"default": {"BACKEND": DATABASE}}
     with override_settings(ANARCHON=config, DATABASES=databases):
         assert run_all() == []
 
@@ -204,13 +205,22 @@ class NoLeaseBackend(MemoryBackend):
                                      job=job.name, option="max_late", value=job.max_late_ms)
 
 
-class FakeDatabaseBackend(MemoryBackend):
-    """Stands in for the database backend's class path in the SQLite check."""
-
-    def __init__(self, using: str = "default") -> None:
-        super().__init__()
-        self.using = using
 
 
-FakeDatabaseBackend.__module__ = "django_anarchon.backends.database"
-FakeDatabaseBackend.__qualname__ = "DatabaseBackend"
+def test_e003_database_backend_on_an_unknown_alias() -> None:
+    config = {"default": {"BACKEND": DATABASE, "OPTIONS": {"using": "reports"}}}
+    with override_settings(ANARCHON=config):
+        (message,) = run_all()
+    assert message.id == "anarchon.E003"
+    assert "reports" in message.msg
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_the_default_settings_use_the_database_backend() -> None:
+    """No ANARCHON setting (None): the database backend on "default", SQLite here."""
+    databases = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:",
+                             "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20}}}
+    with override_settings(DATABASES=databases, ANARCHON=None):
+        assert run_all() == []
+    with override_settings(ANARCHON=None):
+        assert ids(run_all()) == ["anarchon.W001"]  # tests.settings: SQLite without IMMEDIATE
