@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
@@ -226,7 +226,7 @@ def check_sqlite(alias: str, entry: dict[str, Any], backend: Any) -> list[CheckM
             hint="Name a database of settings.DATABASES in OPTIONS['using'].",
             id="anarchon.E003",
         )]
-    database: dict[str, Any] | None = dict(settings.DATABASES).get(using)
+    database = cast(dict[str, dict[str, Any]], settings.DATABASES).get(using)
     if database is None or database.get("ENGINE") != SQLITE_ENGINE:
         return []
     db_options: dict[str, Any] = database.get("OPTIONS") or {}
