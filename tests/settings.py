@@ -19,7 +19,8 @@ INSTALLED_APPS = [
 ]
 # "default" stays SQLite in memory. The other aliases serve the database backend's tests
 # (tests/conftest.py): each test run creates its own database on the server (or its own
-# file) and points the alias's NAME at it, so "NAME" below is only a placeholder.
+# file) and points the alias's NAME at it (and the ANARCHON_*_NAME variable, for the
+# subprocesses it starts), so the names below are only placeholders.
 # CONN_MAX_AGE=None: worker threads keep their connection (see docs/backends/database.md).
 _PG_HOST = os.environ.get("ANARCHON_PG_HOST", "127.0.0.1")
 _MYSQL_HOST = os.environ.get("ANARCHON_MYSQL_HOST", "127.0.0.1")
@@ -30,7 +31,7 @@ DATABASES = {
     },
     "sqlite": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": "anarchon-placeholder.sqlite3",
+        "NAME": os.environ.get("ANARCHON_SQLITE_NAME", "anarchon-placeholder.sqlite3"),
         "CONN_MAX_AGE": None,
         "OPTIONS": {
             "transaction_mode": "IMMEDIATE",
@@ -40,7 +41,7 @@ DATABASES = {
     },
     "postgres": {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": "anarchon_placeholder",
+        "NAME": os.environ.get("ANARCHON_PG_NAME", "anarchon_placeholder"),
         "HOST": _PG_HOST,
         "PORT": os.environ.get("ANARCHON_PG_PORT", "5432"),
         "USER": os.environ.get("ANARCHON_PG_USER", "postgres"),
@@ -50,7 +51,7 @@ DATABASES = {
     },
     "mysql": {
         "ENGINE": "django.db.backends.mysql",
-        "NAME": "anarchon_placeholder",
+        "NAME": os.environ.get("ANARCHON_MYSQL_NAME", "anarchon_placeholder"),
         "HOST": _MYSQL_HOST,
         "PORT": os.environ.get("ANARCHON_MYSQL_PORT", "3306"),
         "USER": os.environ.get("ANARCHON_MYSQL_USER", "root"),

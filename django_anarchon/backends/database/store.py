@@ -1,0 +1,580 @@
+"""The lease rules and history over the Django ORM: synchronous, one database alias.
+
+Everything here runs in the backend's connection threads, never on an event loop. The
+general claim path works on every supported database: one transaction that locks the
+job's ``JobLock`` row (``select_for_update``; on SQLite a write to it, which takes the
+database's write lock), reads the server's clock, and applies the rules of SPEC section 5
+exactly as ``MemoryRunStore`` does. On PostgreSQL the common cases take one round trip
+through the functions the initial migration installs (``postgres.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
+from django.db.models import BigIntegerField, F, Max, Q, Value
+
+from ...models import JobLock, Run, RunAttempt, RunState
+from ..base import (
+    ActiveRun,
+    ClaimInput,
+    ClaimOutcome,
+    FinalStatus,
+    RunClaim,
+    RunReason,
+    RunRecord,
+    StoredResult,
+    ms_to_datetime,
+)
+from . import postgres
+from .clock import ServerNowMs, now_ms_sql
+
+__all__ = ["Store"]
+
+logger = logging.getLogger("django_anarchon")
+
+T = TypeVar("T")
+
+RUNNING = RunState.RUNNING.value
+FINISHED = RunState.FINISHED.value
+CLAIMED = RunState.CLAIMED.value
+_ATTEMPT_KEY = ["job", "slot", "instance_id", "attempt", "manual"]
+_RETRIES = 4
+
+# SQLite has one writer at a time per file. Threads of one process queue on this lock
+# (woken at once) instead of sleeping in SQLite's busy handler; other processes still
+# wait through the busy timeout.
+_sqlite_locks: dict[str, threading.Lock] = {}
+_sqlite_locks_guard = threading.Lock()
+
+
+def _sqlite_lock(name: str) -> threading.Lock:
+    with _sqlite_locks_guard:
+        return _sqlite_locks.setdefault(name, threading.Lock())
+
+
+def _as_aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _db_datetime(ms: int) -> datetime:
+    """An epoch-ms instant as the DateTimeField value Django accepts under ``USE_TZ``."""
+    value = ms_to_datetime(ms)
+    return value if settings.USE_TZ else value.replace(tzinfo=None)
+
+
+def _transient(exc: DatabaseError) -> bool:
+    """A deadlock, lock timeout, serialization failure or busy SQLite file: try again."""
+    text = str(exc).lower()
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    sqlstate = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
+    return (
+        code in (1205, 1213)
+        or sqlstate in ("40001", "40P01", "55P03")
+        or "database is locked" in text
+        or "deadlock" in text
+    )
+
+
+class Store:
+    """The database backend's store on one alias; every method is one batch of work."""
+
+    def __init__(self, using: str, *, fast_path: bool = True) -> None:
+        self.using = using
+        self.vendor: str = connections[using].vendor
+        now_ms_sql(self.vendor)  # refuses an unsupported database early
+        self.fast_path = fast_path and self.vendor == "postgresql"
+        self._functions_checked = False
+        self._write_lock: threading.Lock | None = None
+        if self.vendor == "sqlite":
+            self._write_lock = _sqlite_lock(str(connections[using].settings_dict["NAME"]))
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _runs(self) -> Any:
+        return Run.objects.using(self.using)
+
+    def _attempts(self) -> Any:
+        return RunAttempt.objects.using(self.using)
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """One write transaction (on SQLite, queued behind this process's other writers)."""
+        if self._write_lock is None:
+            with transaction.atomic(using=self.using):
+                yield
+        else:
+            with self._write_lock, transaction.atomic(using=self.using):
+                yield
+
+    @contextlib.contextmanager
+    def _single_write(self) -> Iterator[None]:
+        """One autocommit write statement; on SQLite queued like ``_write``."""
+        if self._write_lock is None:
+            yield
+        else:
+            with self._write_lock:
+                yield
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        """Run ``fn``; after a transient error or a lost connection, once more (same token).
+
+        Every caller is safe to repeat: claims carry their token, the rest are upserts or
+        token-guarded updates.
+        """
+        connection = connections[self.using]
+        for attempt in range(_RETRIES):
+            try:
+                return fn()
+            except OperationalError as exc:
+                connection.close_if_unusable_or_obsolete()
+                lost = connection.connection is None
+                if attempt == _RETRIES - 1 or not (lost or _transient(exc)):
+                    raise
+                logger.debug("database backend: retrying after %s", exc)
+                time.sleep(random.uniform(0.002, 0.02) * (attempt + 1))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def now_ms(self) -> int:
+        """The server's ``now`` in epoch milliseconds."""
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(f"SELECT {now_ms_sql(self.vendor)}")
+            row = cursor.fetchone()
+        return int(row[0])
+
+    def _use_functions(self) -> bool:
+        if self.fast_path and not self._functions_checked:
+            self._functions_checked = True
+            if not postgres.functions_installed(connections[self.using]):
+                logger.warning(
+                    "database backend: the PostgreSQL claim functions are missing on %r "
+                    "(migrations not applied?); every claim takes the general lock path",
+                    self.using,
+                )
+                self.fast_path = False
+        return self.fast_path
+
+    def _lock_job(self, job: str) -> int:
+        """Lock the job's row until the transaction ends; return the server's ``now``.
+
+        Claims of one job take turns here; claims of different jobs never wait on each other.
+        """
+        if self.vendor == "sqlite":
+            if not JobLock.objects.using(self.using).filter(job=job).update(job=F("job")):
+                self._create_lock(job)
+            return self.now_ms()
+        locked = (
+            JobLock.objects.using(self.using)
+            .select_for_update()
+            .filter(job=job)
+            .annotate(now=ServerNowMs())
+            .values_list("now", flat=True)
+        )
+        rows = list(locked.all())
+        if not rows:
+            self._create_lock(job)
+            rows = list(locked.all())
+        return int(rows[0])
+
+    def _create_lock(self, job: str) -> None:
+        try:
+            with transaction.atomic(using=self.using):
+                JobLock.objects.using(self.using).create(job=job)
+        except IntegrityError:
+            pass  # another claimer created it first
+
+    # -- Backend -----------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Fail now, with the database's own error, if the tables are not there."""
+        self._retrying(lambda: self._runs().filter(job="").exists())
+        self._use_functions()
+
+    def prepare_job(self, job: str) -> None:
+        def prepare() -> None:
+            if not JobLock.objects.using(self.using).filter(job=job).exists():
+                with self._single_write():
+                    self._create_lock(job)
+
+        self._retrying(prepare)
+
+    def claim(self, input: ClaimInput) -> bool:
+        if self._use_functions():
+            return self._retrying(lambda: postgres.claim(connections[self.using], input))
+        return self._retrying(lambda: self._claim(input))
+
+    def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
+        return [self.claim(i) for i in inputs]
+
+    def _claim(self, input: ClaimInput) -> bool:
+        with self._write():
+            now = self.now_ms()
+            try:
+                with transaction.atomic(using=self.using):
+                    self._runs().create(
+                        job=input.job,
+                        slot=input.slot,
+                        attempt=1,
+                        token=input.token,
+                        instance_id=input.instance_id,
+                        lease_until_ms=now,
+                        state=CLAIMED,
+                        reason="scheduled",
+                        started_at_ms=now,
+                    )
+            except IntegrityError:
+                holder = (
+                    self._runs()
+                    .filter(job=input.job, slot=input.slot)
+                    .values_list("token", flat=True)
+                    .first()
+                )
+                return bool(holder == input.token)
+            self._put_attempt(
+                input.job, input.slot, input.instance_id, 1, False,
+                reason="scheduled", status="running", started_at=now,
+            )
+            return True
+
+    def record_manual_run(self, input: ClaimInput) -> int | None:
+        def record() -> int:
+            with self._write():
+                now = self._lock_job(input.job)
+                window, slot = input.slot, None
+                while slot is None:  # the first slot from input.slot without a manual run
+                    used = set(
+                        self._attempts()
+                        .filter(job=input.job, manual=True, slot__gte=window, slot__lt=window + 100)
+                        .values_list("slot", flat=True)
+                    )
+                    slot = next((s for s in range(window, window + 100) if s not in used), None)
+                    window += 100
+                self._attempts().create(
+                    job=input.job,
+                    slot=slot,
+                    scheduled_at=_db_datetime(slot),
+                    instance_id=input.instance_id,
+                    manual=True,
+                    attempt=1,
+                    reason="manual",
+                    status="running",
+                    started_at=_db_datetime(now),
+                )
+                return slot
+
+        slot = self._retrying(record)
+        return None if slot == input.slot else slot
+
+    def save_result(
+        self, job: str, result: StoredResult, history_size: int, history_ttl_ms: int | None
+    ) -> None:
+        def save() -> None:
+            with self._write():
+                self._put_attempt(
+                    job, result.slot, result.by, result.attempt, result.manual,
+                    reason="manual" if result.manual else result.reason,
+                    status=result.status,
+                    started_at=result.started_at,
+                    finished_at=result.finished_at,
+                    duration_ms=result.duration_ms,
+                    error=result.error,
+                    keep_reason=True,
+                )
+                self._prune(job, history_size, history_ttl_ms)
+
+        self._retrying(save)
+
+    def _prune(self, job: str, history_size: int, history_ttl_ms: int | None) -> None:
+        """Set-based: the newest ``history_size`` attempts stay, none older than the ttl.
+
+        Also forgets finished runs whose ``keep_ms`` has passed (the lease table's own
+        pruning).
+        """
+        attempts = self._attempts().filter(job=job)
+        if history_size <= 0:
+            attempts.delete()
+        else:
+            cut = list(
+                attempts.order_by("-started_at", "-slot", "-attempt", "-id").values_list(
+                    "started_at", "slot", "attempt", "id"
+                )[history_size : history_size + 1]
+            )
+            if cut:
+                started, slot, attempt, pk = cut[0]
+                attempts.filter(
+                    Q(started_at__lt=started)
+                    | Q(started_at=started, slot__lt=slot)
+                    | Q(started_at=started, slot=slot, attempt__lt=attempt)
+                    | Q(started_at=started, slot=slot, attempt=attempt, id__lte=pk)
+                ).delete()
+        if history_ttl_ms is not None:
+            oldest = _db_datetime(self.now_ms() - history_ttl_ms)
+            attempts.filter(
+                Q(finished_at__lt=oldest) | Q(finished_at__isnull=True, started_at__lt=oldest)
+            ).delete()
+        self._runs().filter(
+            job=job,
+            state=FINISHED,
+            keep_ms__isnull=False,
+            finished_at_ms__lt=ServerNowMs() - F("keep_ms"),
+        ).delete()
+
+    def history(self, job: str, limit: int) -> list[RunRecord]:
+        if limit <= 0:
+            return []
+
+        def read() -> list[RunRecord]:
+            rows = (
+                self._attempts()
+                .filter(job=job)
+                .order_by("-started_at", "-slot", "-attempt")
+                .values_list(
+                    "slot", "instance_id", "manual", "attempt", "reason", "status",
+                    "started_at", "finished_at", "duration_ms", "error",
+                )[:limit]
+            )
+            return [
+                RunRecord(
+                    job=job,
+                    slot=slot,
+                    scheduled_at=ms_to_datetime(slot),
+                    instance_id=instance_id,
+                    manual=manual,
+                    attempt=attempt,
+                    reason=reason,
+                    status=status,
+                    started_at=_as_aware(started_at),
+                    finished_at=None if finished_at is None else _as_aware(finished_at),
+                    duration_ms=duration_ms,
+                    error=error,
+                )
+                for (
+                    slot, instance_id, manual, attempt, reason, status,
+                    started_at, finished_at, duration_ms, error,
+                ) in rows
+            ]
+
+        return self._retrying(read)
+
+    def _put_attempt(
+        self,
+        job: str,
+        slot: int,
+        instance_id: str,
+        attempt: int,
+        manual: bool,
+        *,
+        reason: str,
+        status: str,
+        started_at: int,
+        finished_at: int | None = None,
+        duration_ms: int | None = None,
+        error: str | None = None,
+        keep_reason: bool = False,
+    ) -> None:
+        """Insert or overwrite one attempt in one statement (``keep_reason``: the claim's wins)."""
+        row = RunAttempt(
+            job=job,
+            slot=slot,
+            scheduled_at=_db_datetime(slot),
+            instance_id=instance_id,
+            manual=manual,
+            attempt=attempt,
+            reason=reason,
+            status=status,
+            started_at=_db_datetime(started_at),
+            finished_at=None if finished_at is None else _db_datetime(finished_at),
+            duration_ms=duration_ms,
+            error=error,
+        )
+        update = ["status", "started_at", "finished_at", "duration_ms", "error"]
+        if not keep_reason:
+            update.append("reason")
+        features = connections[self.using].features
+        self._attempts().bulk_create(
+            [row],
+            update_conflicts=True,
+            unique_fields=_ATTEMPT_KEY if features.supports_update_conflicts_with_target else None,
+            update_fields=update,
+        )
+
+    # -- RunStore ----------------------------------------------------------------------
+
+    def run_claim(self, c: RunClaim) -> ClaimOutcome:
+        if c.mode == "new" and self._use_functions():
+            outcome = self._retrying(lambda: postgres.run_claim(connections[self.using], c))
+            if outcome is not None:
+                return outcome
+        return self._retrying(lambda: self._run_claim_locked(c))
+
+    def run_claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
+        return [self.run_claim(c) for c in claims]
+
+    def _run_claim_locked(self, c: RunClaim) -> ClaimOutcome:
+        with self._write():
+            now = self._lock_job(c.job)
+            return self._decide(c, now)
+
+    def _decide(self, c: RunClaim, now: int) -> ClaimOutcome:
+        """The lease rules, under the job's lock, with ``now`` from the server."""
+        run: Run | None = self._runs().filter(job=c.job, slot=c.slot).first()
+        if (
+            run is not None
+            and run.state == FINISHED
+            and run.keep_ms is not None
+            and run.finished_at_ms is not None
+            and run.finished_at_ms + run.keep_ms < now
+        ):
+            run.delete()  # forgotten, as the store may once keep_ms has passed
+            run = None
+        if run is not None:
+            return self._decide_existing(c, run, now)
+        if c.mode == "takeover":
+            return ClaimOutcome.none()
+        if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
+            return ClaimOutcome.late(now - c.slot)
+        if c.overlap == "skip":
+            busy = self._runs().filter(
+                job=c.job, state=RUNNING, lease_until_ms__gt=now
+            ).aggregate(slot=Max("slot"))["slot"]
+            if busy is not None:
+                return ClaimOutcome.overlap(int(busy))
+        run = Run(job=c.job, slot=c.slot, keep_ms=c.keep_ms)
+        self._start(c, run, 1, c.reason, now)
+        return ClaimOutcome.won(1)
+
+    def _decide_existing(self, c: RunClaim, run: Run, now: int) -> ClaimOutcome:
+        if run.state == CLAIMED:
+            return ClaimOutcome.done()  # won through claim(): not a leased run
+        dirty: list[str] = []
+        if c.keep_ms is not None and run.keep_ms != c.keep_ms:
+            run.keep_ms = c.keep_ms
+            dirty.append("keep_ms")
+        if run.state == RUNNING:
+            if run.token == c.token:
+                run.lease_until_ms = now + c.lease_ms
+                run.save(using=self.using, update_fields=["lease_until_ms", *dirty])
+                return ClaimOutcome.won(run.attempt)
+            if run.lease_until_ms > now:
+                self._save(run, dirty)
+                return ClaimOutcome.running(run.attempt)
+            if run.attempt < c.max_attempts:
+                self._interrupt(run, now, f"lease lapsed; taken over by {c.instance_id}")
+                self._start(c, run, run.attempt + 1, "takeover", now)
+                return ClaimOutcome.won(run.attempt)
+            self._interrupt(run, now, "lease lapsed; attempts used up")
+            run.state, run.status, run.finished_at_ms = FINISHED, "interrupted", now
+            self._save(run, [*dirty, "state", "status", "finished_at_ms"])
+            return ClaimOutcome.done()
+        if run.status in ("failed", "interrupted") and run.attempt < c.max_attempts:
+            self._start(c, run, run.attempt + 1, c.reason, now)
+            return ClaimOutcome.won(run.attempt)
+        self._save(run, dirty)
+        return ClaimOutcome.done()
+
+    def _save(self, run: Run, fields: list[str]) -> None:
+        if fields:
+            run.save(using=self.using, update_fields=fields)
+
+    def _start(self, c: RunClaim, run: Run, attempt: int, reason: RunReason, now: int) -> None:
+        """Give the run to the claimer as ``attempt`` and record that attempt as running."""
+        run.attempt = attempt
+        run.token = c.token
+        run.instance_id = c.instance_id
+        run.lease_until_ms = now + c.lease_ms
+        run.state = RUNNING
+        run.status = None
+        run.reason = reason
+        run.started_at_ms = now
+        run.finished_at_ms = None
+        if c.keep_ms is not None:
+            run.keep_ms = c.keep_ms
+        run.save(using=self.using)
+        self._put_attempt(
+            c.job, c.slot, c.instance_id, attempt, False,
+            reason=reason, status="running", started_at=now,
+        )
+
+    def _interrupt(self, run: Run, now: int, error: str) -> None:
+        """Record the superseded attempt as interrupted, unless its runner saved a result."""
+        key = {
+            "job": run.job,
+            "slot": run.slot,
+            "instance_id": run.instance_id,
+            "attempt": run.attempt,
+            "manual": False,
+        }
+        values = {
+            "status": "interrupted",
+            "finished_at": _db_datetime(now),
+            "duration_ms": max(now - run.started_at_ms, 0),
+            "error": error,
+        }
+        if self._attempts().filter(**key, status="running").update(**values):
+            return
+        if not self._attempts().filter(**key).exists():  # its claim was pruned meanwhile
+            self._attempts().create(
+                **key,
+                **values,
+                scheduled_at=_db_datetime(run.slot),
+                reason=run.reason,
+                started_at=_db_datetime(run.started_at_ms),
+            )
+
+    def heartbeat(self, job: str, slot: int, token: str, lease_ms: int) -> bool:
+        def beat() -> bool:
+            with self._single_write():
+                return bool(
+                    self._runs()
+                    .filter(job=job, slot=slot, token=token, state=RUNNING)
+                    .update(lease_until_ms=ServerNowMs() + Value(lease_ms, output_field=BigIntegerField()))
+                )
+
+        return self._retrying(beat)
+
+    def finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
+        def end() -> bool:
+            with self._single_write():
+                return bool(
+                    self._runs()
+                    .filter(job=job, slot=slot, token=token, state=RUNNING)
+                    .update(state=FINISHED, status=status, finished_at_ms=ServerNowMs())
+                )
+
+        return self._retrying(end)
+
+    def release(self, job: str, slot: int, token: str) -> bool:
+        def let_go() -> bool:
+            with self._single_write():
+                return bool(
+                    self._runs()
+                    .filter(job=job, slot=slot, token=token, state=RUNNING)
+                    .update(lease_until_ms=ServerNowMs() - Value(1, output_field=BigIntegerField()))
+                )
+
+        return self._retrying(let_go)
+
+    def active(self, job: str) -> list[ActiveRun]:
+        def read() -> list[ActiveRun]:
+            rows = (
+                self._runs()
+                .filter(job=job, state=RUNNING)
+                .annotate(now=ServerNowMs())
+                .order_by("slot")
+                .values_list("slot", "attempt", "lease_until_ms", "now")
+            )
+            return [
+                ActiveRun(slot=slot, attempt=attempt, alive=lease_until > now)
+                for slot, attempt, lease_until, now in rows
+            ]
+
+        return self._retrying(read)

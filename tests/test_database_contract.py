@@ -1,0 +1,59 @@
+"""The public contract suite against ``DatabaseBackend`` on PostgreSQL, MariaDB and SQLite.
+
+Every claimer is a backend instance of its own, with its own connection threads, so the
+race's claims reach the database on separate connections; once per database the race
+also runs across OS processes.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+from django_anarchon.backends.database import DatabaseBackend
+from django_anarchon.testing import BackendContract, BackendFactory
+
+
+class DatabaseContract(BackendContract):
+    database_fixture: ClassVar[str]
+    fast_path: ClassVar[bool] = True
+    race_claimers = 50
+    race_rounds = 1000
+
+    @pytest.fixture(autouse=True)
+    def _alias(self, request: pytest.FixtureRequest, database_access: None) -> str:
+        alias: str = request.getfixturevalue(self.database_fixture)
+        return alias
+
+    @pytest.fixture
+    def make_backend(self, _alias: str) -> BackendFactory:
+        fast_path = self.fast_path
+        return lambda: DatabaseBackend(using=_alias, max_connections=2, fast_path=fast_path)
+
+
+@pytest.mark.postgres
+class TestPostgresContract(DatabaseContract):
+    database_fixture = "postgres_database"
+    process_factory = "tests.db_factories:postgres"
+
+
+@pytest.mark.postgres
+class TestPostgresLockPathContract(DatabaseContract):
+    """PostgreSQL without its one-statement fast path: the general path MariaDB uses."""
+
+    database_fixture = "postgres_database"
+    fast_path = False
+    race_rounds = 200
+    race_many_rounds = 10
+
+
+@pytest.mark.mysql
+class TestMySQLContract(DatabaseContract):
+    database_fixture = "mysql_database"
+    process_factory = "tests.db_factories:mysql"
+
+
+class TestSQLiteContract(DatabaseContract):
+    database_fixture = "sqlite_database"
+    process_factory = "tests.db_factories:sqlite"
