@@ -18,7 +18,7 @@ import socket
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from asgiref.sync import async_to_sync
 
@@ -57,6 +57,7 @@ __all__ = ["JobSpecLike", "Scheduler"]
 logger = logging.getLogger("django_anarchon")
 
 T = TypeVar("T")
+H = TypeVar("H", bound=Callable[..., Any])
 
 
 class JobSpecLike(Protocol):
@@ -201,12 +202,36 @@ class Scheduler:
 
     # -- registration ---------------------------------------------------------------
 
+    @overload
+    def every(
+        self, name: str, interval: object, handler: None = None, **options: Any
+    ) -> Callable[[H], H]: ...
+    @overload
+    def every(self, name: str, interval: object, handler: Handler, **options: Any) -> Job: ...
     def every(
         self, name: str, interval: object, handler: Handler | None = None, **options: Any
-    ) -> Any:
+    ) -> Job | Callable[[H], H]:
         """Run ``handler`` every ``interval``; without a handler, return a decorator."""
         return self._define(name, "every", interval, handler, options)
 
+    @overload
+    def cron(
+        self,
+        name: str,
+        expression: str,
+        handler: None = None,
+        timezone: str | None = None,
+        **options: Any,
+    ) -> Callable[[H], H]: ...
+    @overload
+    def cron(
+        self,
+        name: str,
+        expression: str,
+        handler: Handler,
+        timezone: str | None = None,
+        **options: Any,
+    ) -> Job: ...
     def cron(
         self,
         name: str,
@@ -214,13 +239,21 @@ class Scheduler:
         handler: Handler | None = None,
         timezone: str | None = None,
         **options: Any,
-    ) -> Any:
+    ) -> Job | Callable[[H], H]:
         """Run ``handler`` on a cron expression in ``timezone`` (default: the scheduler's)."""
         if timezone is not None:
             options["timezone"] = timezone
         return self._define(name, "cron", expression, handler, options)
 
-    def at(self, name: str, when: object, handler: Handler | None = None, **options: Any) -> Any:
+    @overload
+    def at(
+        self, name: str, when: object, handler: None = None, **options: Any
+    ) -> Callable[[H], H]: ...
+    @overload
+    def at(self, name: str, when: object, handler: Handler, **options: Any) -> Job: ...
+    def at(
+        self, name: str, when: object, handler: Handler | None = None, **options: Any
+    ) -> Job | Callable[[H], H]:
         """Run ``handler`` once at ``when`` (an aware datetime or an ISO 8601 string)."""
         return self._define(name, "once", when, handler, options)
 
@@ -231,10 +264,10 @@ class Scheduler:
         spec: object,
         handler: Handler | None,
         options: dict[str, Any],
-    ) -> Any:
+    ) -> Job | Callable[[H], H]:
         if handler is None:
 
-            def decorator(fn: Handler) -> Handler:
+            def decorator(fn: H) -> H:
                 self._define(name, kind, spec, fn, options)
                 return fn
 

@@ -1,0 +1,286 @@
+"""One scheduler's runs: overlap, retries, timeouts, manual runs, data, events, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from django_anarchon import signals
+from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.engine import JobContext, Scheduler
+from django_anarchon.engine.events import Event
+
+from .test_engine_support import Calls, Events, LoopThread, iso_in, wait_for
+
+
+async def test_overlap_skip_skips_a_slot_while_the_previous_run_goes_on() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    events = Events(s)
+    calls = Calls()
+
+    async def slow(ctx: JobContext) -> None:
+        calls.add(slot=ctx.slot)
+        if len(calls) == 1:
+            await asyncio.sleep(0.45)
+
+    s.every("slow", "100ms", slow)
+    await s.start()
+    try:
+        await wait_for(lambda: bool(events.named("skip", reason="overlap")), 3, "an overlap skip")
+    finally:
+        await s.stop()
+    skip = events.named("skip", reason="overlap")[0]
+    assert skip.job == "slow" and skip.instance_id == "A" and skip.slot is not None
+    assert skip.scheduled_at is not None
+    assert skip.slot not in {c["slot"] for c in calls.items}
+
+
+async def test_overlap_allow_runs_slots_side_by_side() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    events = Events(s)
+    running = Calls()
+    concurrent = threading.Event()
+
+    async def slow(ctx: JobContext) -> None:
+        running.add(slot=ctx.slot)
+        if sum(j.running_here for j in s.jobs()) >= 2:
+            concurrent.set()
+        await ctx.signal.sleep(0.35)
+
+    s.every("slow", "100ms", slow, overlap="allow")
+    await s.start()
+    try:
+        await wait_for(concurrent.is_set, 3, "two runs of one job at once")
+    finally:
+        await s.stop()
+    assert not events.named("skip", reason="overlap")
+
+
+async def test_a_failed_attempt_is_retried_while_attempts_remain() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    calls = Calls()
+
+    def flaky(ctx: JobContext) -> None:
+        calls.add(attempt=ctx.attempt, reason=ctx.reason)
+        if ctx.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    s.at("flaky", iso_in(100), flaky, max_attempts=2)
+    await s.start()
+    try:
+        await wait_for(lambda: len(calls) == 2, 3, "the retry")
+    finally:
+        await s.stop()
+    history = await s.ahistory("flaky")
+    assert [(r.attempt, r.status) for r in history] == [(2, "success"), (1, "failed")]
+    failed = history[1]
+    assert failed.error is not None and failed.error.startswith("RuntimeError: first attempt fails")
+    assert "Traceback" in failed.error
+
+
+async def test_async_timeout_cancels_and_records_failed() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    cancelled = threading.Event()
+
+    async def hang(ctx: JobContext) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    s.at("hang", iso_in(50), hang, timeout="200ms")
+    await s.start()
+    try:
+        await wait_for(lambda: s.jobs()[0].running_here == 0 and cancelled.is_set(), 3, "timeout")
+    finally:
+        await s.stop()
+    (record,) = await s.ahistory("hang")
+    assert record.status == "failed"
+    assert record.error is not None and record.error.startswith("JobTimeoutError:")
+    assert record.duration_ms is not None and 150 <= record.duration_ms < 3000
+
+
+async def test_sync_timeout_records_failed_at_once_and_ignores_the_late_return() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    seen: list[str | None] = []
+    finished = threading.Event()
+
+    def hang(ctx: JobContext) -> str:
+        ctx.signal.wait(5)
+        seen.append(ctx.signal.reason)
+        finished.set()
+        return "too late"
+
+    events = Events(s)
+    s.at("hang", iso_in(50), hang, timeout="200ms")
+    await s.start()
+    try:
+        await wait_for(lambda: bool(events.named("failure")), 3, "the timeout failure")
+        await wait_for(finished.is_set, 3, "the thread to see the abort")
+    finally:
+        await s.stop()
+    assert seen == ["timeout"]
+    (record,) = await s.ahistory("hang")
+    assert record.status == "failed"
+    assert record.error is not None and "JobTimeoutError" in record.error
+
+
+def _manual_job(s: Scheduler, calls: Calls) -> None:
+    def handler(ctx: JobContext) -> None:
+        calls.add(manual=ctx.manual, reason=ctx.reason, attempt=ctx.attempt, data=ctx.data)
+
+    s.every("report", "1h", handler, data={"from": "job"})
+
+
+def test_run_now_sync_when_not_running() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A", data={"from": "scheduler"})
+    calls = Calls()
+    _manual_job(s, calls)
+    record = s.run_now("report", data={"full": True})
+    assert record.status == "success" and record.manual and record.reason == "manual"
+    assert calls.items == [{"manual": True, "reason": "manual", "attempt": 1, "data": {"full": True}}]
+    record = s.run_now("report")
+    assert calls.items[-1]["data"] == {"from": "job"}
+    history = s.history("report")
+    assert len(history) == 2 and all(r.manual and r.status == "success" for r in history)
+    assert s.last_run("report") == history[0]
+
+
+def test_run_now_sync_while_running_on_another_thread() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    calls = Calls()
+    _manual_job(s, calls)
+    runner = LoopThread(s).start()
+    try:
+        record = s.run_now("report")
+        assert record.manual and record.status == "success"
+        assert s.last_run("report") == record
+    finally:
+        runner.stop()
+
+
+async def test_arun_now_and_the_sync_twin_refused_on_the_loop() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    calls = Calls()
+    _manual_job(s, calls)
+    await s.start()
+    try:
+        record = await s.arun_now("report", data=[1, 2])
+        assert record.manual and record.attempt == 1 and record.reason == "manual"
+        assert calls.items[-1]["data"] == [1, 2]
+        with pytest.raises(RuntimeError, match="arun_now"):
+            s.run_now("report")
+        assert (await s.alast_run("report")) == record
+    finally:
+        await s.stop()
+
+
+async def test_data_providers_sync_and_async_and_a_failing_one() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    calls = Calls()
+
+    def handler(ctx: JobContext) -> None:
+        calls.add(job=ctx.name, data=ctx.data)
+
+    async def async_provider(ctx: JobContext) -> dict[str, Any]:
+        return {"slot": ctx.slot, "data_was": ctx.data}
+
+    def broken(ctx: JobContext) -> None:
+        raise ValueError("no data today")
+
+    s.every("sync", "1h", handler, data=lambda ctx: {"name": ctx.name})
+    s.every("async", "1h", handler, data=async_provider)
+    s.every("broken", "1h", handler, data=broken)
+    assert (await s.arun_now("sync")).status == "success"
+    record = await s.arun_now("async")
+    assert calls.where(job="async")[0]["data"] == {"slot": record.slot, "data_was": None}
+    assert calls.where(job="sync")[0]["data"] == {"name": "sync"}
+    failed = await s.arun_now("broken")
+    assert failed.status == "failed" and "ValueError: no data today" in (failed.error or "")
+    assert not calls.where(job="broken")
+
+
+async def test_unknown_job_names_are_refused() -> None:
+    from django_anarchon.exceptions import UnknownJobError
+
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    with pytest.raises(UnknownJobError, match="nope"):
+        await s.arun_now("nope")
+    with pytest.raises(UnknownJobError):
+        await s.ahistory("nope")
+    with pytest.raises(UnknownJobError):
+        s.unregister("nope")
+    with pytest.raises(ValueError, match="unknown event"):
+        s.on("finished", print)
+
+
+async def test_events_and_django_signals_carry_the_run() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    events = Events(s)
+    received: list[tuple[str, Event]] = []
+
+    def receiver(sender: Any, scheduler: Scheduler, event: Event, **kw: Any) -> None:
+        assert scheduler is s and sender is Scheduler and "signal" in kw
+        received.append((event.name, event))
+
+    watched = (signals.run_started, signals.run_succeeded, signals.run_failed)
+    for sig in watched:
+        sig.connect(receiver)
+    try:
+        s.every("ok", "1h", lambda ctx: None)
+        s.every("bad", "1h", lambda ctx: 1 / 0)
+        ok = await s.arun_now("ok")
+        bad = await s.arun_now("bad")
+    finally:
+        for sig in watched:
+            sig.disconnect(receiver)
+    names = [(e.name, e.job) for e in events.items]
+    assert names == [("start", "ok"), ("success", "ok"), ("start", "bad"), ("failure", "bad")]
+    assert [(n, e.job) for n, e in received] == names
+    start = events.items[0]
+    assert start.record is not None and start.record.status == "running"
+    assert start.slot == ok.slot and start.instance_id == "A" and start.reason == "manual"
+    assert start.scheduled_at == ok.scheduled_at
+    assert events.items[1].record == ok
+    failure = events.items[3]
+    assert failure.record == bad and failure.error is not None
+    assert failure.error.startswith("ZeroDivisionError")
+    assert failure.to_dict()["record"]["status"] == "failed"
+
+
+async def test_raising_handlers_and_callbacks_never_stop_the_scheduler() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    calls = Calls()
+
+    def bad_callback(event: Event) -> None:
+        raise RuntimeError("callback bug")
+
+    async def bad_async_callback(event: Event) -> None:
+        raise RuntimeError("async callback bug")
+
+    def bad_receiver(sender: Any, **kw: Any) -> None:
+        raise RuntimeError("receiver bug")
+
+    def handler(ctx: JobContext) -> None:
+        calls.add(slot=ctx.slot)
+        raise KeyError("handler bug")
+
+    for name in ("start", "failure"):
+        s.on(name, bad_callback)
+        s.on(name, bad_async_callback)
+    signals.run_failed.connect(bad_receiver)
+    s.every("bug", "100ms", handler)
+    await s.start()
+    try:
+        await wait_for(lambda: len(calls) >= 3, 3, "runs going on despite every bug")
+        assert s.running
+    finally:
+        signals.run_failed.disconnect(bad_receiver)
+        await s.stop()
+    s.off("start", bad_callback)
+    history = await s.ahistory("bug")
+    assert history and all(r.status == "failed" for r in history)
