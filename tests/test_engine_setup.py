@@ -200,8 +200,10 @@ async def test_serve_returns_after_request_stop_and_after_cancel() -> None:
 
 async def test_ten_thousand_idle_jobs_use_one_timer_task() -> None:
     s = Scheduler(MemoryBackend(), instance_id="A")
+    # Slots 10 to 27 minutes ahead: none is due or within max_late at start.
+    base = now_ms() + 600_000
     for i in range(10_000):
-        s.every(f"job-{i}", "1h", handler, offset=f"{(i * 7) % 3_600}s")
+        s.every(f"job-{i}", "1h", handler, offset=f"{(base + i * 100) % 3_600_000}ms")
     before = len(asyncio.all_tasks())
     await s.start()
     try:
