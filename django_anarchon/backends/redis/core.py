@@ -286,6 +286,9 @@ class RedisProtocolBackend(BaseBackend):
         if len(calls) <= 1:
             return [await self.eval(*call) for call in calls]
         client = self.client()
+        if hasattr(client, "get_node_from_key"):
+            # A cluster pipeline refuses scripts; the cluster client sends to every node at once.
+            return list(await asyncio.gather(*(self.eval(*call) for call in calls)))
         retry_on = self.driver.connection_errors()
         no_script = self.driver.no_script_error()
         for attempt in range(RETRIES):
