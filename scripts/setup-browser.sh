@@ -20,4 +20,4 @@ if ! "$PYTHON" -c "import playwright.sync_api" >/dev/null 2>&1; then
     "$PYTHON" -m pip install -q "playwright>=1.45"
 fi
 
-chromium --version 2>/dev/null >&2 || true
+chromium --version 2>/dev/null || true
