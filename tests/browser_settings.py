@@ -1,0 +1,27 @@
+"""Settings of the web server and worker subprocesses that tests/test_browser.py drives.
+
+A file SQLite database (shared by the server, the worker and nothing else) and the
+database backend, so a "Run now" filed by the web process is run by the worker.
+"""
+
+import os
+
+from tests.settings import *  # noqa: F403
+
+DEBUG = True  # runserver serves the admin's CSS, so the screenshot looks like the admin
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+INSTALLED_APPS = [*INSTALLED_APPS, "django.contrib.staticfiles"]  # noqa: F405
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("ANARCHON_BROWSER_DB", "browser-test.sqlite3"),
+        "OPTIONS": {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL;",
+        },
+    },
+}
+ANARCHON = {
+    "default": {"BACKEND": "django_anarchon.backends.database.DatabaseBackend", "LEASE": "10s"},
+}
