@@ -89,6 +89,32 @@ def wait_until(predicate: object, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def delete_queues(url: str, prefix: str) -> None:
+    """Delete the queues (history streams) whose names start with ``prefix``.
+
+    AMQP cannot list queues, so the names come from ``rabbitmqctl`` when it is here.
+    """
+    if shutil.which("rabbitmqctl") is None:
+        return
+    listed = _run("rabbitmqctl", "list_queues", "-q", "--no-table-headers", "name")
+    names = [n.strip() for n in listed.stdout.splitlines() if n.strip().startswith(prefix)]
+
+    async def delete() -> None:
+        import aio_pika
+
+        connection = await aio_pika.connect(url)
+        try:
+            for name in names:
+                channel = await connection.channel()
+                await channel.queue_delete(name)
+                await channel.close()
+        finally:
+            await connection.close()
+
+    if names:
+        asyncio.run(delete())
+
+
 # -- restarts of the real local servers ----------------------------------------------
 
 

@@ -30,8 +30,9 @@ async def delete_streams(url: str, prefix: str) -> None:
     try:
         js = nc.jetstream()
         for info in await js.streams_info():
-            if info.config.name.startswith(prefix):
-                await js.delete_stream(info.config.name)
+            name = info.config.name or ""
+            if name.startswith(prefix):
+                await js.delete_stream(name)
     finally:
         await nc.close()
 

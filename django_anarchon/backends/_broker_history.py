@@ -1,14 +1,14 @@
 """History records as the broker backends store them: versioned JSON, one message each.
 
 A won claim and a saved result are two messages in the job's history log. Each carries
-the ``history_ttl_ms`` it was written with, so a reader drops expired runs without
-knowing the job's options; a run whose result expired is dropped with its claim.
+the ``history_size`` and ``history_ttl_ms`` it was written with, so a reader prunes
+without knowing the job's options; a run whose result expired is dropped with its claim.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .base import ClaimInput, ClaimRecord, RunRecord, StoredResult, build_history
@@ -29,13 +29,20 @@ def claim_body(input: ClaimInput, *, at: int, manual: bool, slot: int | None = N
             "manual": manual,
             "token": input.token,
             "ttl_ms": input.history_ttl_ms,
+            "size": input.history_size,
         }
     ).encode()
 
 
-def result_body(result: StoredResult, history_ttl_ms: int | None) -> bytes:
+def result_body(result: StoredResult, history_size: int, history_ttl_ms: int | None) -> bytes:
     return json.dumps(
-        {"v": FORMAT, "kind": "result", **result.to_dict(), "ttl_ms": history_ttl_ms}
+        {
+            "v": FORMAT,
+            "kind": "result",
+            **result.to_dict(),
+            "ttl_ms": history_ttl_ms,
+            "size": history_size,
+        }
     ).encode()
 
 
@@ -54,8 +61,19 @@ def manual_slots(bodies: Iterable[dict[str, Any]]) -> set[int]:
     return {int(b["slot"]) for b in bodies if b.get("kind") == "claim" and b.get("manual")}
 
 
-def to_history(job: str, bodies: Iterable[dict[str, Any]], limit: int, now: int) -> list[RunRecord]:
-    """``RunRecord``s, newest first, without runs older than the ttl they were saved with."""
+def to_history(
+    job: str, bodies: Sequence[dict[str, Any]], limit: int, now: int, *, newest_last: bool
+) -> list[RunRecord]:
+    """``RunRecord``s, newest first, without runs older than the ttl they were saved with.
+
+    The newest body's ``size`` (the job's ``history_size`` when it was written) bounds the
+    runs shown, so a log that keeps more than that (a stream bounded in bytes) reads as
+    if pruned by count.
+    """
+    if bodies:
+        size = (bodies[-1] if newest_last else bodies[0]).get("size")
+        if isinstance(size, int) and size >= 0:
+            limit = min(limit, size)
     claims: dict[_Key, tuple[ClaimRecord, int | None]] = {}
     results: dict[_Key, tuple[StoredResult, int | None]] = {}
     for b in bodies:

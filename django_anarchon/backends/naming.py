@@ -19,7 +19,7 @@ import re
 import threading
 import unicodedata
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Generic, TypeVar
 
 __all__ = ["LoopBound", "job_key"]
@@ -49,8 +49,11 @@ class LoopBound(Generic[T]):
 
     Broker clients (nats-py, aio-pika) belong to the loop that opened them. A backend is
     called from several loops in turn (the sync twins run each call on a fresh loop via
-    asgiref) and possibly from several threads, so it keeps one client per loop; a client
-    whose loop is gone is dropped (its loop cannot run its shutdown any more).
+    asgiref) and possibly from several threads, so it keeps one client per loop.
+
+    A client is closed by its own loop as that loop shuts down: each client is watched by
+    an async generator, which ``asyncio.run`` and asgiref close (``shutdown_asyncgens``)
+    before closing the loop. No socket is left behind by a loop that ended.
     """
 
     def __init__(
@@ -63,57 +66,74 @@ class LoopBound(Generic[T]):
         self._close = close
         self._usable = usable
         self._lock = threading.Lock()
-        self._items: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._items: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[T, AsyncGenerator[None, None]]
+        ] = weakref.WeakKeyDictionary()
         self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
 
+    def _current(self, loop: asyncio.AbstractEventLoop) -> T | None:
+        with self._lock:
+            entry = self._items.get(loop)
+        return entry[0] if entry is not None else None
+
     async def get(self) -> T:
         """The client of the running loop; opens one if there is none or it is broken."""
         loop = asyncio.get_running_loop()
+        item = self._current(loop)
+        if item is not None and self._usable(item):
+            return item
         with self._lock:
-            item = self._items.get(loop)
-            if item is not None and self._usable(item):
-                return item
             opening = self._opening.get(loop)
             if opening is None:
                 opening = self._opening[loop] = asyncio.Lock()
         async with opening:
-            with self._lock:
-                item = self._items.get(loop)
+            item = self._current(loop)
             if item is not None and self._usable(item):
                 return item
             if item is not None:
                 await self.discard(item)
             fresh = await self._open()
+            watcher = self._watch(fresh)
+            await watcher.__anext__()
             with self._lock:
-                self._items[loop] = fresh
+                self._items[loop] = (fresh, watcher)
             return fresh
+
+    async def _watch(self, item: T) -> AsyncGenerator[None, None]:
+        """Suspended until its loop shuts down (or the client is dropped), then closes it."""
+        try:
+            yield
+        finally:
+            with self._lock:
+                for loop, (held, _) in list(self._items.items()):
+                    if held is item:
+                        del self._items[loop]
+            with contextlib.suppress(Exception):  # closing is best effort
+                await self._close(item)
 
     async def discard(self, item: T) -> None:
         """Forget ``item`` (a broken client) and close it quietly."""
         with self._lock:
-            for loop, held in list(self._items.items()):
-                if held is item:
-                    del self._items[loop]
-        with contextlib.suppress(Exception):  # a broken client may fail to close; it is gone
-            await self._close(item)
+            watchers = [w for held, w in self._items.values() if held is item]
+        for watcher in watchers:
+            await watcher.aclose()
+        if not watchers:
+            with contextlib.suppress(Exception):
+                await self._close(item)
 
     async def close_all(self) -> None:
-        """Close the client of this loop; ask live loops to close theirs; drop the rest."""
+        """Close the client of this loop; ask live loops to close theirs."""
         current = asyncio.get_running_loop()
         with self._lock:
-            items = list(self._items.items())
-            self._items.clear()
-        for loop, item in items:
+            entries = list(self._items.items())
+        for loop, (_, watcher) in entries:
             if loop is current:
-                with contextlib.suppress(Exception):  # closing is best effort
-                    await self._close(item)
+                await watcher.aclose()
             elif loop.is_running() and not loop.is_closed():
-                asyncio.run_coroutine_threadsafe(self._quiet_close(item), loop)
+                asyncio.run_coroutine_threadsafe(_aclose(watcher), loop)
 
-    async def _quiet_close(self, item: T) -> None:
-        with contextlib.suppress(Exception):  # closing is best effort
-            await self._close(item)
+
+async def _aclose(watcher: AsyncGenerator[None, None]) -> None:
+    await watcher.aclose()

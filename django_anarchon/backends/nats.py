@@ -344,7 +344,7 @@ class NatsBackend(BaseBackend):
         self, job: str, result: StoredResult, history_size: int, history_ttl_ms: int | None = None
     ) -> None:
         await self._publish_history(
-            job, history_size, "results", records.result_body(result, history_ttl_ms), msg_id=None
+            job, history_size, "results", records.result_body(result, history_size, history_ttl_ms), msg_id=None
         )
 
     async def _publish_history(
@@ -408,7 +408,8 @@ class NatsBackend(BaseBackend):
     async def history(self, job: str, limit: int) -> list[RunRecord]:
         if limit <= 0:
             return []
-        return records.to_history(job, await self._read_history(job, limit), limit, _now_ms())
+        bodies = await self._read_history(job, limit)
+        return records.to_history(job, bodies, limit, _now_ms(), newest_last=False)
 
     async def close(self) -> None:
         await self._conns.close_all()
