@@ -6,6 +6,7 @@ import asyncio
 import html
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -327,3 +328,28 @@ def test_a_worker_runs_the_request_and_history_shows_the_manual_run(runner: Clie
     assert 'id="anarchon-pending"' not in jobs_page
     digest = jobs_page[jobs_page.index('data-job="mail.digest"'):]
     assert "anarchon-cell anarchon-success" in digest[: digest.index("</tr>")]
+
+
+@pytest.mark.redis
+def test_jobs_page_reads_a_redis_scheduler_too(viewer: Client) -> None:
+    """Whatever the backend: the page goes through Scheduler.history(), here on real Redis."""
+    from tests.redis_support import delete_prefix, redis_url
+
+    url = redis_url()
+    prefix = f"anarchon-admin-{uuid.uuid4().hex[:8]}"
+    every("1h", name="redis.report", scheduler="redis")(boom)
+    config = {**TWO_SCHEDULERS, "redis": {
+        "BACKEND": "django_anarchon.backends.redis.RedisBackend",
+        "OPTIONS": {"url": url, "key_prefix": prefix}, "INSTANCE_ID": "web-9",
+    }}
+    try:
+        with override_settings(ANARCHON=config):
+            schedulers["redis"].run_now("redis.report")
+            page = viewer.get(JOBS_URL).content.decode()
+            row = page[page.index('data-job="redis.report"'):]
+            row = row[: row.index("</tr>")]
+            assert 'id="scheduler-redis"' in page
+            (title,) = re.findall(r'class="anarchon-cell anarchon-failed" title="([^"]+)"', row)
+            assert "web-9" in title and "the report server said no" in title
+    finally:
+        delete_prefix(url, prefix)
