@@ -11,6 +11,8 @@ but never initialised.
 from __future__ import annotations
 
 import inspect
+import logging
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
@@ -23,7 +25,16 @@ from . import conf
 from .backends.base import supports_leases
 from .durations import parse_duration, parse_optional_duration
 from .exceptions import ConfigurationError
-from .jobs import LEASE_OPTIONS, Job, build_job, check_dedupe_window
+from .jobs import (
+    COMMON_OPTIONS,
+    DEFAULTS,
+    LEASE_OPTIONS,
+    Job,
+    JobOptions,
+    build_job,
+    check_dedupe_window,
+    validate_options,
+)
 from .registry import JobSpec, registry
 
 DATABASE_BACKEND = "django_anarchon.backends.database.DatabaseBackend"
@@ -127,24 +138,42 @@ def _specs(alias: str) -> Iterable[tuple[str, JobSpec, Any, dict[str, Any]]]:
                 yield name, spec, value, dict(cls_entry.defaults)
 
 
+def job_defaults(alias: str, entry: dict[str, Any]) -> tuple[JobOptions, list[CheckMessage]]:
+    """``JOB_DEFAULTS`` validated the way the scheduler does it, or anarchon.E001."""
+    raw = entry["JOB_DEFAULTS"]
+    if not isinstance(raw, dict) or not raw:
+        return DEFAULTS, []  # a wrong type is reported by check_settings
+
+    def bad(message: str) -> tuple[JobOptions, list[CheckMessage]]:
+        return DEFAULTS, [Error(
+            f"settings.{_setting(alias, 'JOB_DEFAULTS')}: {message}",
+            hint="JOB_DEFAULTS takes the options every job accepts; docs/options.md lists them.",
+            id="anarchon.E001",
+        )]
+
+    for option, value in raw.items():
+        if option not in COMMON_OPTIONS:
+            return bad(f"unknown option {option!r} = {value!r}; known options: "
+                       f"{', '.join(sorted(COMMON_OPTIONS))}")
+    try:
+        return validate_options(f"<JOB_DEFAULTS of {alias}>", "every", raw)[0], []
+    except ConfigurationError as exc:
+        return bad(str(exc))
+
+
 def check_jobs(
     alias: str, entry: dict[str, Any], backend: Any, now_ms: int | None = None
 ) -> list[CheckMessage]:
     """E004 (invalid job), E005 (the backend cannot honour it), W002 (a one-off that never runs)."""
-    messages: list[CheckMessage] = []
-    job_defaults = entry["JOB_DEFAULTS"] if isinstance(entry["JOB_DEFAULTS"], dict) else {}
+    defaults, messages = job_defaults(alias, entry)
+    if messages:
+        return messages
     timezone = getattr(settings, "TIME_ZONE", None) or "UTC"
     for name, spec, handler, class_defaults in _specs(alias):
-        options = {**job_defaults, **class_defaults, **spec.options}
-        if spec.kind != "cron":
-            options.pop("timezone", None)
-        if spec.kind != "every":
-            options.pop("offset", None)
-        if spec.kind == "once" and "overlap" not in spec.options:
-            options.pop("overlap", None)
+        options = {**class_defaults, **spec.options}
         try:
-            job = build_job(name, spec.kind, spec.spec, handler, options, default_timezone=timezone,
-                            origin=spec.origin)
+            job = build_job(name, spec.kind, spec.spec, handler, options, defaults=defaults,
+                            default_timezone=timezone, origin=spec.origin)
         except ConfigurationError as exc:
             messages.append(_job_error(alias, name, exc, spec.origin))
             continue
@@ -160,6 +189,39 @@ def check_jobs(
                 obj=name, id="anarchon.W002",
             ))
     return messages
+
+
+class _ThisThreadOnly(logging.Filter):
+    """Drops the scheduler's own log lines while a check builds it (the check reports them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != threading.get_ident()
+
+
+def check_build(alias: str) -> list[CheckMessage]:
+    """anarchon.E004: building the scheduler and registering its jobs fails all the same.
+
+    A last net for what only the engine sees, e.g. a ``@scheduled`` class whose
+    constructor needs arguments. Only run when the finer checks found no error.
+    """
+    from .handler import build_scheduler
+
+    logger = logging.getLogger("django_anarchon")
+    quiet = _ThisThreadOnly()
+    logger.addFilter(quiet)
+    try:
+        build_scheduler(alias)
+    except Exception as exc:  # whatever stops a worker from starting is an error here
+        job = getattr(exc, "job", None)
+        return [Error(
+            f"scheduler {alias!r} cannot be built: {type(exc).__name__}: {exc}",
+            hint="anarchon_worker would fail the same way at start; fix the job or setting "
+                 "named in the message.",
+            obj=job, id="anarchon.E004",
+        )]
+    finally:
+        logger.removeFilter(quiet)
+    return []
 
 
 def _check_backend_honours(alias: str, job: Job, backend: Any) -> list[CheckMessage]:
@@ -265,10 +327,12 @@ def run_all(now_ms: int | None = None) -> list[CheckMessage]:
                       id="anarchon.E001")]
     messages = check_settings(config)
     for alias, entry in config.items():
-        backend, errors = load_backend(alias, entry)
-        messages.extend(errors)
-        messages.extend(check_jobs(alias, entry, backend, now_ms))
-        messages.extend(check_sqlite(alias, entry, backend))
+        backend, found = load_backend(alias, entry)
+        found.extend(check_jobs(alias, entry, backend, now_ms))
+        found.extend(check_sqlite(alias, entry, backend))
+        if not any(m.is_serious() for m in [*messages, *found]):
+            found.extend(check_build(alias))
+        messages.extend(found)
     messages.extend(check_unknown_aliases(config))
     return messages
 

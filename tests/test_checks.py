@@ -10,7 +10,7 @@ import pytest
 from django.core.checks import CheckMessage, run_checks
 from django.test import override_settings
 
-from django_anarchon import at, every
+from django_anarchon import at, every, scheduled
 from django_anarchon.backends.base import JobLimits
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.checks import run_all
@@ -103,13 +103,32 @@ def test_e003_backend_refuses_its_options() -> None:
     assert "colour" in message.msg
 
 
-def test_e004_job_defaults_make_a_job_invalid() -> None:
+@pytest.mark.parametrize(
+    ("defaults", "needle"),
+    [({"history_size": 0}, "history_size"), ({"timezone": "UTC"}, "unknown option 'timezone'")],
+)
+def test_e001_bad_job_defaults(defaults: dict[str, Any], needle: str) -> None:
     every("10s", name="checks.defaults")(handler)
-    with override_settings(ANARCHON=memory(JOB_DEFAULTS={"history_size": 0})):
-        messages = run_all()
-    assert ids(messages) == ["anarchon.E004"]
-    assert messages[0].obj == "checks.defaults"
-    assert "history_size" in messages[0].msg
+    with override_settings(ANARCHON=memory(JOB_DEFAULTS=defaults)):
+        (message,) = run_all()
+    assert message.id == "anarchon.E001"
+    assert "JOB_DEFAULTS" in message.msg and needle in message.msg
+
+
+def test_e004_a_scheduled_class_that_needs_arguments() -> None:
+    class Reports:
+        def __init__(self, mailer: object) -> None:
+            self.mailer = mailer
+
+        @every("1h")
+        def weekly(self, ctx: Any) -> None:
+            """Never called."""
+
+    scheduled(prefix="reports")(Reports)
+    with override_settings(ANARCHON=memory()):
+        (message,) = run_all()
+    assert message.id == "anarchon.E004"
+    assert "scheduler 'default' cannot be built" in message.msg and "mailer" in message.msg
 
 
 def test_e005_lease_option_on_a_backend_without_leases() -> None:
