@@ -19,7 +19,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -285,3 +290,156 @@ class CuttingProxy:
         )
         self._writers.discard(writer)
         self._writers.discard(up_writer)
+
+
+# -- schedulers across a broker restart ------------------------------------------------
+
+
+async def schedulers_across_restart(
+    make_backend: Callable[[], Any],
+    restart: Callable[[], None],
+    *,
+    instances: int = 3,
+    jobs: int = 3,
+    every_ms: int = 200,
+    before_s: float = 1.5,
+    runs_after: int = 5,
+) -> dict[str, list[int]]:
+    """Run ``instances`` schedulers on one broker, restart it mid-run, check exactly once.
+
+    Every job's slots, from the first that ran to the last, must each have run exactly
+    once (slots due while the broker was down run late, once it is back), and each job
+    must have run ``runs_after`` slots due after the broker came back: the schedulers
+    carried on by themselves. Returns the slots that ran, per job.
+    """
+    from django_anarchon.engine import JobContext, Scheduler
+
+    ran: list[tuple[str, int, str]] = []
+
+    def handler(ctx: JobContext) -> None:
+        ran.append((ctx.name, ctx.slot, ctx.instance_id))
+
+    schedulers = [Scheduler(make_backend(), instance_id=f"I{i}") for i in range(instances)]
+    names = [f"restart-{uuid.uuid4().hex[:6]}-{j}" for j in range(jobs)]
+    for s in schedulers:
+        for name in names:
+            s.every(name, f"{every_ms}ms", handler)
+    for s in schedulers:
+        await s.start()
+    try:
+        await asyncio.sleep(before_s)  # let the schedulers run a while before the restart
+        assert ran, "nothing ran before the restart"
+        await asyncio.to_thread(restart)
+        back = time.time_ns() // 1_000_000
+
+        def carried_on() -> bool:
+            return all(
+                sum(1 for (n, slot, _) in ran if n == name and slot > back) >= runs_after
+                for name in names
+            )
+
+        deadline = time.monotonic() + 90
+        while not carried_on():
+            assert time.monotonic() < deadline, f"no runs after the restart: {sorted(ran)[-5:]}"
+            await asyncio.sleep(0.05)
+    finally:
+        await asyncio.gather(*(s.stop("5s") for s in schedulers))
+        for s in schedulers:
+            await s.backend.close()
+    per_job: dict[str, list[int]] = {}
+    counts: dict[tuple[str, int], list[str]] = {}
+    for name, slot, by in ran:
+        counts.setdefault((name, slot), []).append(by)
+        per_job.setdefault(name, []).append(slot)
+    twice = {k: v for k, v in counts.items() if len(v) > 1}
+    assert not twice, f"slots that ran more than once: {twice}"
+    for name, slots in per_job.items():
+        slots.sort()
+        missing = sorted(set(range(slots[0], slots[-1] + 1, every_ms)) - set(slots))
+        assert not missing, f"{name}: slots that never ran: {missing}"
+    return per_job
+
+
+# -- four anarchon_worker processes on one broker -----------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = 4
+WORKER_JOBS = 10
+GAP_MS = 200
+
+
+def four_workers_each_slot_once(
+    out: Path, broker: str, env_extra: dict[str, str], run_seconds: float = 8.0
+) -> None:
+    """Start four ``anarchon_worker`` processes on ``broker``; every slot must run once.
+
+    Each worker appends "job slot" to a file of its own when a run starts; after SIGTERM,
+    every (job, slot) must appear exactly once across the files, and while all four were
+    up no slot of any job may be missing.
+    """
+    job_prefix = f"broker-{broker}-{uuid.uuid4().hex[:6]}"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.brokerworker.settings",
+        "PYTHONPATH": str(ROOT),
+        "ANARCHON_TEST_OUT": str(out),
+        "ANARCHON_TEST_BROKER": broker,
+        "ANARCHON_TEST_JOB_PREFIX": job_prefix,
+        **env_extra,
+    }
+    logs = [out / f"worker{i}.log" for i in range(WORKERS)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for i, log in enumerate(logs):
+            with log.open("w") as sink:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "django", "anarchon_worker",
+                         "--instance-id", f"W{i}", "--grace", "5s"],
+                        cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                    )
+                )
+
+        def all_up() -> bool:
+            for proc, log in zip(procs, logs, strict=True):
+                if proc.poll() is not None:
+                    raise AssertionError(f"a worker exited early:\n{log.read_text()}")
+            return all("Press Ctrl+C" in log.read_text() for log in logs)
+
+        wait_until(all_up, 60, "four workers printing their banner")
+        all_up_at = time.time_ns() // 1_000_000
+        wanted = WORKER_JOBS * int(run_seconds * 1000 / GAP_MS)
+
+        def enough_runs() -> bool:
+            return sum(len(p.read_text().splitlines()) for p in out.glob("W*.txt")) >= wanted
+
+        wait_until(enough_runs, run_seconds * 4, f"{wanted} runs")
+        stop_at = time.time_ns() // 1_000_000
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc, log in zip(procs, logs, strict=True):
+            assert proc.wait(30) == 0, log.read_text()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+    runs: dict[tuple[str, int], int] = {}
+    by_worker: dict[str, int] = {}
+    for path in out.glob("W*.txt"):
+        for line in path.read_text().splitlines():
+            job, slot = line.split()
+            runs[(job, int(slot))] = runs.get((job, int(slot)), 0) + 1
+            by_worker[path.stem] = by_worker.get(path.stem, 0) + 1
+    twice = [key for key, count in runs.items() if count != 1]
+    assert not twice, f"run more than once: {twice[:10]}"
+    first = (all_up_at // GAP_MS + 2) * GAP_MS
+    last = (stop_at // GAP_MS - 3) * GAP_MS
+    expected = {
+        (f"{job_prefix}.{n}", s) for n in range(WORKER_JOBS) for s in range(first, last + 1, GAP_MS)
+    }
+    missing = sorted(expected - set(runs))
+    assert not missing, f"{len(missing)} slots never ran, e.g. {missing[:5]}"
+    assert len(expected) >= WORKER_JOBS * 30, len(expected)
+    assert len(by_worker) >= 2, f"one worker won everything: {by_worker}"

@@ -181,7 +181,7 @@ class NatsBackend(BaseBackend):
                 if not self._retryable(exc) or time.monotonic() + delay > deadline:
                     raise
                 # A closed client is replaced by the next _client() call.
-                logger.warning("NATS %s for job %s failed (%r); retrying", what, job, exc)
+                logger.debug("NATS %s for job %s failed (%r); retrying", what, job, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 

@@ -217,7 +217,7 @@ class RabbitMQBackend(BaseBackend):
                 if not self._retryable(exc) or time.monotonic() + delay > deadline:
                     raise
                 # A closed connection is replaced by the next _link() call.
-                logger.warning("RabbitMQ %s for job %s failed (%r); retrying", what, job, exc)
+                logger.debug("RabbitMQ %s for job %s failed (%r); retrying", what, job, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
