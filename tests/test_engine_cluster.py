@@ -42,9 +42,13 @@ async def _exactly_once(backend: MemoryBackend, seconds: float) -> None:
         return async_handler if job in ("alpha", "gamma") else sync_handler
 
     schedulers = [Scheduler(backend, instance_id=i, lease="2s") for i in ("A", "B", "C")]
+    # Under CPU contention a run may still be finishing when the next slot is due; with
+    # overlap "skip" that slot would be skipped by design, so leases allow overlap here.
+    extra = {"overlap": "allow"} if backend.runs is not None else {}
     for s in schedulers:
         for job in JOBS:
-            s.every(job, "100ms", make(job), jitter="20ms" if job == "beta" else 0)
+            s.every(job, "100ms", make(job), jitter="20ms" if job == "beta" else 0, **extra)
+    events = Events(*schedulers, names=("skip", "error"))
     for s in schedulers:
         await s.start()
     first = now_ms()
@@ -60,7 +64,7 @@ async def _exactly_once(backend: MemoryBackend, seconds: float) -> None:
         # Every slot due while all three ran (with room for the claim) ran exactly once.
         due = range((first // 100 + 1) * 100, last - 150, 100)
         missing = [s for s in due if s not in slots]
-        assert not missing, (job, missing)
+        assert not missing, (job, missing, [e for e in events.items if e.job == job])
         history = await schedulers[0].ahistory(job, limit=1000)
         per_slot: dict[int, list[str]] = {}
         for record in history:

@@ -283,4 +283,6 @@ async def test_raising_handlers_and_callbacks_never_stop_the_scheduler() -> None
         await s.stop()
     s.off("start", bad_callback)
     history = await s.ahistory("bug")
-    assert history and all(r.status == "failed" for r in history)
+    # A run that raises after stop() aborted its signal is "interrupted"; the rest failed.
+    assert len([r for r in history if r.status == "failed"]) >= 3
+    assert {r.status for r in history} <= {"failed", "interrupted"}
