@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 import uuid
@@ -188,3 +189,9 @@ def test_check_job_refuses_what_the_window_cannot_cover() -> None:
     with pytest.raises(ConfigurationError) as info:
         backend.check_job(JobLimits("too-late", 30_000, 90_000, 10_000, 100))
     assert (info.value.job, info.value.option, info.value.value) == ("too-late", "max_late", 90_000)
+
+
+def test_missing_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "aio_pika", None)
+    with pytest.raises(ConfigurationError, match=r"django-anarchon\[rabbitmq\]"):
+        RabbitMQBackend()

@@ -49,8 +49,9 @@ def _import_nats() -> Any:
         import nats.js.api
         import nats.js.errors
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "NatsBackend needs the nats-py client: pip install 'django-anarchon[nats]'"
+        raise ConfigurationError(
+            "NatsBackend needs the nats-py client: pip install 'django-anarchon[nats]'",
+            option="BACKEND", value="django_anarchon.backends.nats.NatsBackend",
         ) from exc
     return nats
 
@@ -83,6 +84,7 @@ class NatsBackend(BaseBackend):
         replicas: int = 1,
         storage: str = "file",
     ) -> None:
+        _import_nats()  # fail at configuration time, naming the extra, if the client is missing
         if servers is not None and url is not None:
             raise ConfigurationError(
                 "give either servers or url, not both", option="url", value=url

@@ -59,8 +59,9 @@ def _import_aio_pika() -> Any:
         import aio_pika
         import aiormq.exceptions  # noqa: F401 - aio-pika brings it; checked here
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "RabbitMQBackend needs the aio-pika client: pip install 'django-anarchon[rabbitmq]'"
+        raise ConfigurationError(
+            "RabbitMQBackend needs the aio-pika client: pip install 'django-anarchon[rabbitmq]'",
+            option="BACKEND", value="django_anarchon.backends.rabbitmq.RabbitMQBackend",
         ) from exc
     return aio_pika
 
@@ -100,11 +101,12 @@ class RabbitMQBackend(BaseBackend):
         *,
         connection: Any = None,
         prefix: str = "anarchon",
-        dedupe_window: object = "1h",
+        dedupe_window: object = "10m",
         history_max_age: str = "30D",
         timeout: object = "5s",
         retry_for: object = "5s",
     ) -> None:
+        _import_aio_pika()  # fail at configuration time, naming the extra, if it is missing
         if url is not None and connection is not None:
             raise ConfigurationError(
                 "give either url or connection, not both", option="url", value=url
