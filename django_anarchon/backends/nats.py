@@ -80,7 +80,7 @@ class NatsBackend(BaseBackend):
         dedupe_window: object = "1h",
         duplicate_window: object = "2m",
         timeout: object = "5s",
-        retry_for: object = "30s",
+        retry_for: object = "5s",
         replicas: int = 1,
         storage: str = "file",
     ) -> None:
