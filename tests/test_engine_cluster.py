@@ -10,7 +10,8 @@ import threading
 import time
 from typing import Any
 
-from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.backends.base import ClaimInput, ClaimOutcome, RunClaim
+from django_anarchon.backends.memory import MemoryBackend, MemoryRunStore
 from django_anarchon.engine import JobContext, Scheduler
 
 from .test_engine_support import (
@@ -250,3 +251,60 @@ async def test_at_job_runs_once_across_instances() -> None:
     finally:
         await stop_all(*schedulers)
     assert len(calls) == 1
+
+
+class CountingRunStore(MemoryRunStore):
+    def __init__(self, backend: MemoryBackend) -> None:
+        super().__init__(backend._state)
+        self.batches: list[int] = []
+
+    async def claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
+        self.batches.append(len(claims))
+        return await super().claim_many(claims)
+
+
+class CountingClaimOnlyBackend(ClaimOnlyMemoryBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    async def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
+        self.batches.append(len(inputs))
+        return await super().claim_many(inputs)
+
+
+async def _claims_due_together(backend: MemoryBackend, batches: list[int]) -> None:
+    calls = Calls()
+    schedulers = [Scheduler(backend, instance_id=i) for i in "AB"]
+    extra = {"overlap": "allow"} if backend.runs is not None else {}  # see _exactly_once
+    for s in schedulers:
+        for i in range(30):
+            s.every(
+                f"job-{i}", "200ms", lambda ctx: calls.add(job=ctx.name, slot=ctx.slot), **extra
+            )
+        await s.start()
+    events = Events(*schedulers, names=("skip", "error"))
+    try:
+        await wait_for(
+            lambda: len({slot for (_, slot) in calls.count("job", "slot")}) >= 3,
+            5,
+            "three slots of thirty jobs",
+        )
+    finally:
+        await stop_all(*schedulers)
+    counts = calls.count("job", "slot")
+    assert max(counts.values()) == 1
+    assert batches and max(batches) >= 30, batches
+    for slot in sorted({slot for (_, slot) in counts})[:-1]:  # the last may still be partial
+        assert sum(1 for (_, s) in counts if s == slot) == 30, (slot, events.items)
+
+
+async def test_claims_due_together_go_in_one_claim_many_call() -> None:
+    backend = MemoryBackend()
+    runs = backend.runs = CountingRunStore(backend)
+    await _claims_due_together(backend, runs.batches)
+
+
+async def test_claim_only_claims_due_together_go_in_one_claim_many_call() -> None:
+    backend = CountingClaimOnlyBackend()
+    await _claims_due_together(backend, backend.batches)

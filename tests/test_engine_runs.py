@@ -142,7 +142,9 @@ def test_run_now_sync_when_not_running() -> None:
     _manual_job(s, calls)
     record = s.run_now("report", data={"full": True})
     assert record.status == "success" and record.manual and record.reason == "manual"
-    assert calls.items == [{"manual": True, "reason": "manual", "attempt": 1, "data": {"full": True}}]
+    assert calls.items == [
+        {"manual": True, "reason": "manual", "attempt": 1, "data": {"full": True}}
+    ]
     record = s.run_now("report")
     assert calls.items[-1]["data"] == {"from": "job"}
     history = s.history("report")

@@ -38,8 +38,11 @@ def _error(call: object) -> ConfigurationError:
         (lambda s: s.every("j", "10s", handler, max_late="-5s"), "max_late", "-5s"),
         (lambda s: s.every("j", "10s", handler, colour="red"), "colour", "red"),
         (lambda s: s.every("j", "often", handler), "interval", "often"),
-        (lambda s: s.cron("j", "0 8 * * *", handler, timezone="Mars/Olympus"), "timezone",
-         "Mars/Olympus"),
+        (
+            lambda s: s.cron("j", "0 8 * * *", handler, timezone="Mars/Olympus"),
+            "timezone",
+            "Mars/Olympus",
+        ),
         (lambda s: s.cron("j", "0 25 * * *", handler), "expression", "0 25 * * *"),
         (lambda s: s.at("j", "2027-01-01T00:00:00", handler), "when", "2027-01-01T00:00:00"),
         (lambda s: s.at("j", iso_in(60_000), handler, overlap="allow"), "overlap", "allow"),
@@ -57,8 +60,11 @@ def test_registration_errors_name_job_option_and_value(
 
 @pytest.mark.parametrize(
     ("options", "option", "value"),
-    [({"max_attempts": 3}, "max_attempts", 3), ({"overlap": "allow"}, "overlap", "allow"),
-     ({"catch_up": "1h"}, "catch_up", "1h")],
+    [
+        ({"max_attempts": 3}, "max_attempts", 3),
+        ({"overlap": "allow"}, "overlap", "allow"),
+        ({"catch_up": "1h"}, "catch_up", "1h"),
+    ],
 )
 def test_lease_options_are_refused_on_a_claim_only_backend(
     options: dict[str, object], option: str, value: object

@@ -80,13 +80,21 @@ class Events:
     def __init__(self, *schedulers: Scheduler, names: tuple[str, ...] = ()) -> None:
         self.items: list[Event] = []
         for scheduler in schedulers:
-            for name in names or ("start", "success", "failure", "interrupted", "skip", "lost",
-                                  "error"):
+            for name in names or (
+                "start",
+                "success",
+                "failure",
+                "interrupted",
+                "skip",
+                "lost",
+                "error",
+            ):
                 scheduler.on(name, self.items.append)
 
     def named(self, name: str, **match: Any) -> list[Event]:
         return [
-            e for e in list(self.items)
+            e
+            for e in list(self.items)
             if e.name == name and all(getattr(e, k) == v for k, v in match.items())
         ]
 

@@ -59,6 +59,9 @@ logger = logging.getLogger("django_anarchon")
 T = TypeVar("T")
 H = TypeVar("H", bound=Callable[..., Any])
 
+#: Most claims sent in one ``claim_many`` call.
+CLAIM_MANY_CHUNK = 1000
+
 
 class JobSpecLike(Protocol):
     """What ``register()`` reads from a decorated method's ``_anarchon_jobs`` entries."""
@@ -161,6 +164,8 @@ class Scheduler:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._attempts: set[Attempt] = set()
         self._initialized = False
+        self._batch: list[tuple[Job, int]] = []
+        self._batch_pending = False
 
     # -- configuration helpers ------------------------------------------------------
 
@@ -485,6 +490,7 @@ class Scheduler:
         self._stopping = False
         self._stop_event = asyncio.Event()
         self._stopped = None
+        self._batch, self._batch_pending = [], False
         self._timer = Timer(self._fire, label=f"scheduler {self.name}")
         self._running = True
         now = now_ms()
@@ -621,7 +627,88 @@ class Scheduler:
             return
         slot = state.next_slot
         self._arm(state, now_ms(), initial=False)
-        self._spawn(self._slot_flow(state.job, slot), f"{name}@{slot}")
+        # The timer fires everything due in one pass; claims due together go out together.
+        self._batch.append((state.job, slot))
+        if not self._batch_pending:
+            self._batch_pending = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush_batch)
+
+    def _flush_batch(self) -> None:
+        self._batch_pending = False
+        batch, self._batch = self._batch, []
+        if self._stopping:
+            return
+        target = self.backend if self.backend.runs is None else self.backend.runs
+        if len(batch) < 2 or not callable(getattr(target, "claim_many", None)):
+            for job, slot in batch:
+                self._spawn(self._slot_flow(job, slot), f"{job.name}@{slot}")
+            return
+        for start in range(0, len(batch), CLAIM_MANY_CHUNK):
+            chunk = batch[start : start + CLAIM_MANY_CHUNK]
+            self._spawn(self._claim_batch(chunk), f"{len(chunk)} claims")
+
+    async def _claim_batch(self, batch: list[tuple[Job, int]]) -> None:
+        """Claim several due slots in one round trip (``claim_many``), then follow each."""
+        now = now_ms()
+        live: list[tuple[Job, int]] = []
+        for job, slot in batch:
+            if now > slot + job.options.max_late_ms:
+                await self._emit("skip", job, slot, reason="late")
+            else:
+                live.append((job, slot))
+        if not live:
+            return
+        deadline = min(slot + job.options.max_late_ms for job, slot in live)
+        what = f"scheduler {self.name} ({self.instance_id}): claim_many of {len(live)} slot(s)"
+        runs = self.backend.runs
+        if runs is not None:
+            claims = [
+                self._run_claim(job, slot, "scheduled", job.options.max_late_ms)
+                for job, slot in live
+            ]
+            try:
+                outcomes: list[ClaimOutcome] | None = await retry_store_call(
+                    what,
+                    lambda: runs.claim_many(claims),  # type: ignore[attr-defined]
+                    deadline_ms=deadline,
+                    give_up=lambda: self._stopping,
+                )
+            except Exception:
+                outcomes = None  # logged; each claim goes on alone with the same token
+            if outcomes is not None and len(outcomes) != len(claims):
+                logger.error("%s: %s answers for %s claims", what, len(outcomes), len(claims))
+                outcomes = None
+            for i, (job, slot) in enumerate(live):
+                self._spawn(
+                    self._lease_claim(
+                        job,
+                        claims[i],
+                        slot + job.options.max_late_ms,
+                        None if outcomes is None else outcomes[i],
+                    ),
+                    f"{job.name}@{slot}",
+                )
+            return
+        inputs = [self._claim_input(job, slot) for job, slot in live]
+        try:
+            won: list[bool] | None = await retry_store_call(
+                what,
+                lambda: self.backend.claim_many(inputs),  # type: ignore[union-attr]
+                deadline_ms=deadline,
+                give_up=lambda: self._stopping,
+            )
+        except Exception:
+            won = None
+        if won is not None and len(won) != len(inputs):
+            logger.error("%s: %s answers for %s claims", what, len(won), len(inputs))
+            won = None
+        for i, (job, slot) in enumerate(live):
+            if won is None or won[i]:
+                self._spawn(
+                    self._claim_only(job, slot, inputs[i], None if won is None else True),
+                    f"{job.name}@{slot}",
+                )
 
     def _spawn(self, coro: Coroutine[Any, Any, None], label: str) -> None:
         assert self._loop is not None
@@ -684,29 +771,35 @@ class Scheduler:
             keep_ms=o.keep_ms,
         )
 
-    async def _claim_only(self, job: Job, slot: int) -> None:
-        o = job.options
-        claim = ClaimInput(
+    def _claim_input(self, job: Job, slot: int) -> ClaimInput:
+        return ClaimInput(
             job=job.name,
             slot=slot,
             token=_new_token(),
             instance_id=self.instance_id,
-            history_size=o.history_size,
-            history_ttl_ms=o.history_ttl_ms,
+            history_size=job.options.history_size,
+            history_ttl_ms=job.options.history_ttl_ms,
         )
-        what = f"scheduler {self.name}: claim of job {job.name} slot {slot}"
-        try:
-            won = await retry_store_call(
-                what,
-                lambda: self.backend.claim(claim),
-                deadline_ms=slot + o.max_late_ms,
-                give_up=lambda: self._stopping,
-            )
-        except Exception as exc:
-            await self._emit("error", job, slot, error=error_text(exc), reason="claim")
-            if not self._stopping:
-                await self._emit("skip", job, slot, reason="late")
-            return
+
+    async def _claim_only(
+        self, job: Job, slot: int, claim: ClaimInput | None = None, won: bool | None = None
+    ) -> None:
+        """Claim on a store without leases (unless ``won`` is known) and run on a win."""
+        claim = claim or self._claim_input(job, slot)
+        what = f"scheduler {self.name} ({self.instance_id}): claim of job {job.name} slot {slot}"
+        if won is None:
+            try:
+                won = await retry_store_call(
+                    what,
+                    lambda: self.backend.claim(claim),
+                    deadline_ms=slot + job.options.max_late_ms,
+                    give_up=lambda: self._stopping,
+                )
+            except Exception as exc:
+                await self._emit("error", job, slot, error=error_text(exc), reason="claim")
+                if not self._stopping:
+                    await self._emit("skip", job, slot, reason="late")
+                return
         if not won:
             return
         record_claim = getattr(self.backend, "record_claim", None)
@@ -726,7 +819,10 @@ class Scheduler:
     async def _send_claim(self, claim: RunClaim, deadline_ms: int) -> ClaimOutcome | None:
         runs = self.backend.runs
         assert runs is not None
-        what = f"scheduler {self.name} ({self.instance_id}): {claim.mode} claim of job {claim.job} slot {claim.slot}"
+        what = (
+            f"scheduler {self.name} ({self.instance_id}): {claim.mode} claim of job {claim.job} "
+            f"slot {claim.slot}"
+        )
         try:
             outcome = await retry_store_call(
                 what,
@@ -746,9 +842,16 @@ class Scheduler:
             )
             return None
 
-    async def _lease_claim(self, job: Job, claim: RunClaim, deadline_ms: int) -> None:
-        """Claim on a lease store and follow the answer: run, watch, retry or skip."""
-        outcome = await self._send_claim(claim, deadline_ms)
+    async def _lease_claim(
+        self,
+        job: Job,
+        claim: RunClaim,
+        deadline_ms: int,
+        outcome: ClaimOutcome | None = None,
+    ) -> None:
+        """Claim on a lease store (unless answered already) and follow the answer."""
+        if outcome is None:
+            outcome = await self._send_claim(claim, deadline_ms)
         if outcome is None:
             if not self._stopping:
                 await self._emit("skip", job, claim.slot, reason="late")
