@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +63,14 @@ class Command(BaseCommand):
         self._setup_logging(int(options["verbosity"]))
         health = Path(options["health_file"]) if options["health_file"] else None
         asyncio.run(Worker(schedulers, grace_ms, health, self.stdout.write).run())
+        if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
+            # A sync handler that ignored its abort signal is still in its thread; it was
+            # recorded interrupted and its lease released, so exit without waiting for it.
+            logger.warning("exiting with handler threads still running (recorded interrupted)")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(0)
 
     def _setup_logging(self, verbosity: int) -> None:
         """Make run lines visible when the project has not configured the logger itself."""
@@ -151,10 +161,11 @@ def _log_runs(scheduler: Scheduler) -> None:
     """One log line per run start and end: job, slot, instance, attempt, status, duration."""
 
     def started(event: Any) -> None:
+        record = event.record
         logger.info(
             "run started: job=%s slot=%s instance=%s attempt=%s reason=%s",
-            event.job, event.scheduled_at.isoformat(), event.instance_id,
-            getattr(event, "attempt", "?"), getattr(event, "reason", "?"),
+            record.job, record.scheduled_at.isoformat(), record.instance_id, record.attempt,
+            record.reason,
         )
 
     def ended(event: Any) -> None:
