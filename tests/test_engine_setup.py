@@ -14,9 +14,11 @@ from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.engine import AbortSignal, JobContext, Scheduler
 from django_anarchon.engine.timer import Timer
 from django_anarchon.exceptions import AbortedError, ConfigurationError, DuplicateJobError
+from django_anarchon.jobs import Job, JobOptions
 from django_anarchon.registry import JobSpec
+from django_anarchon.schedules import Every
 
-from .test_engine_support import ClaimOnlyMemoryBackend, iso_in, now_ms, wait_for
+from .test_engine_support import ClaimOnlyMemoryBackend, Events, iso_in, now_ms, wait_for
 
 
 def handler(ctx: JobContext) -> None:
@@ -259,3 +261,58 @@ async def test_abort_signal_wakes_sync_and_async_sleepers() -> None:
     assert signal.abort("timeout") is False and signal.reason == "stop"
     with pytest.raises(AbortedError, match="stop"):
         signal.raise_if_aborted()
+
+
+async def test_stop_now_cuts_the_grace_short() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    started = threading.Event()
+    release = threading.Event()
+
+    def stubborn(ctx: JobContext) -> None:
+        started.set()
+        release.wait(10)
+
+    s.at("stubborn", iso_in(50), stubborn)
+    await s.start()
+    try:
+        await asyncio.to_thread(started.wait, 5)
+        stopping = asyncio.create_task(s.stop(grace="30s"))
+        await asyncio.sleep(0.05)
+        began = time.monotonic()
+        s.stop_now()
+        await asyncio.wait_for(stopping, 5)
+        assert time.monotonic() - began < 2
+    finally:
+        release.set()
+    (record,) = await s.ahistory("stubborn")
+    assert record.status == "interrupted"
+
+
+class _BrokenSchedule(Every):
+    """Gives its first slots, then fails: a bug in a schedule must not stop the others."""
+
+    def next_after(self, after_ms: int) -> int | None:
+        if after_ms > self.broken_after:
+            raise ArithmeticError("schedule bug")
+        return super().next_after(after_ms)
+
+    broken_after = 0
+
+
+async def test_a_failing_schedule_stops_only_its_own_job() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    events = Events(s, names=("error",))
+    seen = threading.Event()
+    schedule = _BrokenSchedule(100)
+    schedule.broken_after = now_ms()
+    s.add_job(Job(name="broken", schedule=schedule, handler=handler, options=JobOptions()))
+    s.every("healthy", "100ms", lambda ctx: seen.set() if ctx.slot > now_ms() - 50 else None)
+    await s.start()
+    try:
+        await wait_for(lambda: bool(events.named("error", job="broken")), 3, "the error event")
+        seen.clear()
+        await wait_for(seen.is_set, 3, "the healthy job going on")
+        assert s.running
+    finally:
+        await s.stop()
+    assert "ArithmeticError" in (events.named("error", job="broken")[0].error or "")

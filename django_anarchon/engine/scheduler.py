@@ -563,6 +563,28 @@ class Scheduler:
         finally:
             await self.stop(grace)
 
+    def stop_now(self) -> None:
+        """End every running handler's wait at once (a second SIGTERM); safe from any thread.
+
+        Stops claiming and records each running attempt ``interrupted`` with its lease
+        released, without waiting for a grace; a ``stop()`` in progress then ends promptly.
+        """
+        loop = self._loop
+        if loop is None or not self._running:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if not on_loop:
+            loop.call_soon_threadsafe(self.stop_now)
+            return
+        self._stopping = True
+        if self._stop_event is not None:
+            self._stop_event.set()
+        for attempt in list(self._attempts):
+            attempt.interrupt("stop")
+
     def request_stop(self) -> None:
         """Make :meth:`serve` return (it then stops with its grace); safe from any thread."""
         loop, event = self._loop, self._stop_event
@@ -626,7 +648,17 @@ class Scheduler:
         if state is None or state.next_slot is None or self._stopping:
             return
         slot = state.next_slot
-        self._arm(state, now_ms(), initial=False)
+        try:
+            self._arm(state, now_ms(), initial=False)
+        except Exception as exc:  # a schedule that cannot say its next slot: keep the rest going
+            logger.exception(
+                "scheduler %s: job %s: computing the next slot failed", self.name, name
+            )
+            state.next_slot = None
+            self._spawn(
+                self._emit("error", state.job, slot, error=error_text(exc), reason="schedule"),
+                f"error {name}",
+            )
         # The timer fires everything due in one pass; claims due together go out together.
         self._batch.append((state.job, slot))
         if not self._batch_pending:
