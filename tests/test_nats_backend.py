@@ -213,3 +213,14 @@ def test_missing_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "nats", None)
     with pytest.raises(ConfigurationError, match=r"django-anarchon\[nats\]"):
         NatsBackend()
+
+
+def test_lease_options_are_refused_naming_the_job() -> None:
+    from django_anarchon.engine import Scheduler
+
+    scheduler = Scheduler(NatsBackend(), instance_id="A")
+    assert scheduler.backend.runs is None
+    with pytest.raises(ConfigurationError) as info:
+        scheduler.every("needs-leases", "1m", lambda ctx: None, max_attempts=3)
+    assert info.value.job == "needs-leases" or "needs-leases" in str(info.value)
+    assert "max_attempts" in str(info.value)

@@ -220,9 +220,9 @@ class NatsBackend(BaseBackend):
         if never_shorten and (current.max_age or 0) > (config.max_age or 0):
             wanted = config.evolve(max_age=current.max_age)
         if (
-            current.max_age != wanted.max_age
+            (current.max_age or 0) != (wanted.max_age or 0)
             or current.max_msgs_per_subject != wanted.max_msgs_per_subject
-            or current.duplicate_window != wanted.duplicate_window
+            or (current.duplicate_window or 0) != (wanted.duplicate_window or 0)
             or list(current.subjects or []) != list(wanted.subjects or [])
         ):
             await js.update_stream(wanted)
