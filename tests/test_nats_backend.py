@@ -224,3 +224,9 @@ def test_lease_options_are_refused_naming_the_job() -> None:
         scheduler.every("needs-leases", "1m", lambda ctx: None, max_attempts=3)
     assert info.value.job == "needs-leases" or "needs-leases" in str(info.value)
     assert "max_attempts" in str(info.value)
+
+
+def test_describe_hides_the_password() -> None:
+    text = NatsBackend(servers=["nats://user:secret@10.0.0.1:4222", "nats://10.0.0.2:4222"]).describe()
+    assert "secret" not in text
+    assert "nats://user:***@10.0.0.1:4222" in text and "10.0.0.2" in text
