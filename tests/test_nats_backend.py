@@ -230,3 +230,17 @@ def test_describe_hides_the_password() -> None:
     text = NatsBackend(servers=["nats://user:secret@10.0.0.1:4222", "nats://10.0.0.2:4222"]).describe()
     assert "secret" not in text
     assert "nats://user:***@10.0.0.1:4222" in text and "10.0.0.2" in text
+
+
+def test_job_keys_are_distinct_safe_and_stable() -> None:
+    import re
+
+    from django_anarchon.backends.naming import job_key
+
+    keys = [job_key(name) for name in TRICKY_NAMES]
+    assert len(set(keys)) == len(keys), keys
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,40}-[0-9a-f]{16}", key) for key in keys), keys
+    assert job_key("billing.reconcile").startswith("billing_reconcile-")
+    assert job_key("Ωμέγα.αναφορά") != job_key("ωμέγα.αναφορά")
+    assert job_key("café") == job_key("café")  # the same name always maps the same way
+    assert job_key("cafe\u0301") != job_key("caf\u00e9")  # the exact name, not a look-alike
