@@ -10,10 +10,12 @@ from django.db import migrations, models
 # anarchon_claim_v1: claim() of a claim-only run. The unique (job, slot) decides; a loser
 # reads the holder's token so that the winner's retry with the same token wins again.
 #
-# anarchon_run_claim_v1: runs.claim() with mode "new". Locks the job's row, then answers
-# won(1) / late / overlap for a new run, and won (same token, lease renewed) / running
-# (lease alive) for a running one; anything else is 'other', and the claim takes the
-# general lock path in Python (takeover, retry, done, forgotten runs).
+# anarchon_run_claim_v1: runs.claim() with mode "new". Inserts the run (the unique
+# constraint decides between claimers of one slot); with overlap "skip" the winner then
+# locks the job's row and gives the run up again if another slot is running. A run that
+# exists answers won (same token, lease renewed) or running (lease alive) without any
+# job lock; everything else is 'other' and takes the general lock path in Python
+# (takeover, retry, done, forgotten runs).
 CLAIM_FUNCTIONS = r"""
 CREATE OR REPLACE FUNCTION anarchon_claim_v1(
     p_job text, p_slot bigint, p_token text, p_instance text
@@ -50,60 +52,76 @@ CREATE OR REPLACE FUNCTION anarchon_run_claim_v1(
 ) RETURNS TABLE (o_kind text, o_attempt integer, o_slot bigint, o_now_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now bigint;
+    v_now bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    v_id bigint;
     v_busy bigint;
     v_run record;
 BEGIN
-    PERFORM 1 FROM django_anarchon_joblock l WHERE l.job = p_job FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO django_anarchon_joblock (job, created_at) VALUES (p_job, clock_timestamp())
-            ON CONFLICT (job) DO NOTHING;
-        PERFORM 1 FROM django_anarchon_joblock l WHERE l.job = p_job FOR UPDATE;
-    END IF;
-    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    SELECT r.id, r.state, r.token, r.attempt, r.lease_until_ms, r.keep_ms INTO v_run
-        FROM django_anarchon_run r WHERE r.job = p_job AND r.slot = p_slot;
-    IF FOUND THEN
-        IF v_run.state = 'running' AND v_run.token = p_token THEN
-            UPDATE django_anarchon_run SET lease_until_ms = v_now + p_lease_ms,
-                    keep_ms = coalesce(p_keep_ms, keep_ms)
-                WHERE id = v_run.id;
-            RETURN QUERY SELECT 'won'::text, v_run.attempt::integer, NULL::bigint, v_now;
-        ELSIF v_run.state = 'running' AND v_run.lease_until_ms > v_now THEN
-            IF p_keep_ms IS NOT NULL AND v_run.keep_ms IS DISTINCT FROM p_keep_ms THEN
-                UPDATE django_anarchon_run SET keep_ms = p_keep_ms WHERE id = v_run.id;
+    IF p_max_late_ms IS NULL OR v_now <= p_slot + p_max_late_ms THEN
+        -- The unique (job, slot) decides among claimers of this run: losers wait for the
+        -- winner's transaction, all at once, then find its row below.
+        INSERT INTO django_anarchon_run (job, slot, attempt, token, instance_id, lease_until_ms,
+                state, status, reason, manual, started_at_ms, finished_at_ms, keep_ms)
+            VALUES (p_job, p_slot, 1, p_token, p_instance, v_now + p_lease_ms, 'running',
+                NULL, p_reason, false, v_now, NULL, p_keep_ms)
+            ON CONFLICT (job, slot) DO NOTHING
+            RETURNING id INTO v_id;
+        IF v_id IS NOT NULL THEN
+            IF p_overlap_skip THEN
+                -- Other slots of the job: their claims take turns on the job's lock row.
+                PERFORM 1 FROM django_anarchon_joblock l WHERE l.job = p_job FOR UPDATE;
+                IF NOT FOUND THEN
+                    INSERT INTO django_anarchon_joblock (job, created_at)
+                        VALUES (p_job, clock_timestamp()) ON CONFLICT (job) DO NOTHING;
+                    PERFORM 1 FROM django_anarchon_joblock l WHERE l.job = p_job FOR UPDATE;
+                END IF;
+                SELECT max(r.slot) INTO v_busy FROM django_anarchon_run r
+                    WHERE r.job = p_job AND r.slot <> p_slot AND r.state = 'running'
+                    AND r.lease_until_ms > floor(extract(epoch FROM clock_timestamp()) * 1000);
+                IF v_busy IS NOT NULL THEN
+                    DELETE FROM django_anarchon_run WHERE id = v_id;
+                    RETURN QUERY SELECT 'overlap'::text, NULL::integer, v_busy, v_now;
+                    RETURN;
+                END IF;
             END IF;
-            RETURN QUERY SELECT 'running'::text, v_run.attempt::integer, NULL::bigint, v_now;
-        ELSE
-            RETURN QUERY SELECT 'other'::text, NULL::integer, NULL::bigint, v_now;
-        END IF;
-        RETURN;
-    END IF;
-    IF p_max_late_ms IS NOT NULL AND v_now > p_slot + p_max_late_ms THEN
-        RETURN QUERY SELECT 'late'::text, NULL::integer, NULL::bigint, v_now;
-        RETURN;
-    END IF;
-    IF p_overlap_skip THEN
-        SELECT max(r.slot) INTO v_busy FROM django_anarchon_run r
-            WHERE r.job = p_job AND r.state = 'running' AND r.lease_until_ms > v_now;
-        IF v_busy IS NOT NULL THEN
-            RETURN QUERY SELECT 'overlap'::text, NULL::integer, v_busy, v_now;
+            INSERT INTO django_anarchon_runattempt (job, slot, scheduled_at, instance_id, manual,
+                    attempt, reason, status, started_at, finished_at, duration_ms, error)
+                VALUES (p_job, p_slot, timestamptz 'epoch' + p_slot * interval '1 millisecond',
+                    p_instance, false, 1, p_reason, 'running',
+                    timestamptz 'epoch' + v_now * interval '1 millisecond', NULL, NULL, NULL)
+                ON CONFLICT (job, slot, instance_id, attempt, manual) DO UPDATE SET
+                    reason = EXCLUDED.reason, status = 'running',
+                    started_at = EXCLUDED.started_at, finished_at = NULL, duration_ms = NULL,
+                    error = NULL;
+            RETURN QUERY SELECT 'won'::text, 1, NULL::bigint, v_now;
             RETURN;
         END IF;
     END IF;
-    INSERT INTO django_anarchon_run (job, slot, attempt, token, instance_id, lease_until_ms, state,
-            status, reason, manual, started_at_ms, finished_at_ms, keep_ms)
-        VALUES (p_job, p_slot, 1, p_token, p_instance, v_now + p_lease_ms, 'running',
-            NULL, p_reason, false, v_now, NULL, p_keep_ms);
-    INSERT INTO django_anarchon_runattempt (job, slot, scheduled_at, instance_id, manual, attempt,
-            reason, status, started_at, finished_at, duration_ms, error)
-        VALUES (p_job, p_slot, timestamptz 'epoch' + p_slot * interval '1 millisecond', p_instance,
-            false, 1, p_reason, 'running', timestamptz 'epoch' + v_now * interval '1 millisecond',
-            NULL, NULL, NULL)
-        ON CONFLICT (job, slot, instance_id, attempt, manual) DO UPDATE SET
-            reason = EXCLUDED.reason, status = 'running', started_at = EXCLUDED.started_at,
-            finished_at = NULL, duration_ms = NULL, error = NULL;
-    RETURN QUERY SELECT 'won'::text, 1, NULL::bigint, v_now;
+    SELECT r.id, r.state, r.token, r.attempt, r.lease_until_ms INTO v_run
+        FROM django_anarchon_run r WHERE r.job = p_job AND r.slot = p_slot;
+    IF NOT FOUND THEN
+        IF p_max_late_ms IS NOT NULL AND v_now > p_slot + p_max_late_ms THEN
+            RETURN QUERY SELECT 'late'::text, NULL::integer, NULL::bigint, v_now;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT 'other'::text, NULL::integer, NULL::bigint, v_now;
+        RETURN;
+    END IF;
+    IF v_run.state = 'running' AND v_run.token = p_token THEN
+        -- The same claim again: renew, unless a takeover replaced the token meanwhile.
+        UPDATE django_anarchon_run
+            SET lease_until_ms = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                + p_lease_ms, keep_ms = coalesce(p_keep_ms, keep_ms)
+            WHERE id = v_run.id AND token = p_token AND state = 'running';
+        IF FOUND THEN
+            RETURN QUERY SELECT 'won'::text, v_run.attempt::integer, NULL::bigint, v_now;
+            RETURN;
+        END IF;
+    ELSIF v_run.state = 'running' AND v_run.lease_until_ms > v_now THEN
+        RETURN QUERY SELECT 'running'::text, v_run.attempt::integer, NULL::bigint, v_now;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'other'::text, NULL::integer, NULL::bigint, v_now;
 END
 $$;
 """

@@ -215,35 +215,45 @@ class Store:
     def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
         return [self.claim(i) for i in inputs]
 
+    def _holder(self, input: ClaimInput) -> str | None:
+        token: str | None = (
+            self._runs()
+            .filter(job=input.job, slot=input.slot)
+            .values_list("token", flat=True)
+            .first()
+        )
+        return token
+
     def _claim(self, input: ClaimInput) -> bool:
-        with self._write():
-            now = self.now_ms()
+        """The unique (job, slot) decides, in autocommit: no transaction to hold open.
+
+        A claimer that comes after the winner committed only reads (one statement).
+        """
+        holder = self._holder(input)
+        if holder is not None:
+            return holder == input.token
+        with self._single_write():
             try:
-                with transaction.atomic(using=self.using):
-                    self._runs().create(
-                        job=input.job,
-                        slot=input.slot,
-                        attempt=1,
-                        token=input.token,
-                        instance_id=input.instance_id,
-                        lease_until_ms=now,
-                        state=CLAIMED,
-                        reason="scheduled",
-                        started_at_ms=now,
-                    )
-            except IntegrityError:
-                holder = (
-                    self._runs()
-                    .filter(job=input.job, slot=input.slot)
-                    .values_list("token", flat=True)
-                    .first()
+                self._runs().create(
+                    job=input.job,
+                    slot=input.slot,
+                    attempt=1,
+                    token=input.token,
+                    instance_id=input.instance_id,
+                    lease_until_ms=ServerNowMs(),
+                    state=CLAIMED,
+                    reason="scheduled",
+                    started_at_ms=ServerNowMs(),
                 )
-                return bool(holder == input.token)
+            except IntegrityError:
+                return self._holder(input) == input.token
+            # Should this process die right here, the run is still claimed, and the
+            # winner's save_result() writes the history row anyway.
             self._put_attempt(
                 input.job, input.slot, input.instance_id, 1, False,
-                reason="scheduled", status="running", started_at=now,
+                reason="scheduled", status="running", started_at=self.now_ms(),
             )
-            return True
+        return True
 
     def record_manual_run(self, input: ClaimInput) -> int | None:
         def record() -> int:
@@ -414,10 +424,80 @@ class Store:
             outcome = self._retrying(lambda: postgres.run_claim(connections[self.using], c))
             if outcome is not None:
                 return outcome
-        return self._retrying(lambda: self._run_claim_locked(c))
+        return self._retrying(lambda: self._run_claim_generic(c))
 
     def run_claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
         return [self.run_claim(c) for c in claims]
+
+    def _run_claim_generic(self, c: RunClaim) -> ClaimOutcome:
+        if c.mode == "new":
+            outcome = self._peek(c) or self._claim_new(c)
+            if outcome is not None:
+                return outcome
+        return self._run_claim_locked(c)
+
+    def _peek(self, c: RunClaim) -> ClaimOutcome | None:
+        """``running`` for a run another instance holds with a live lease: one read, no lock.
+
+        That answer was true when the row was read; it changes nothing, so no lock is needed.
+        """
+        row = (
+            self._runs()
+            .filter(job=c.job, slot=c.slot)
+            .annotate(now=ServerNowMs())
+            .values_list("state", "token", "attempt", "lease_until_ms", "now")
+            .first()
+        )
+        if row is not None:
+            state, token, attempt, lease_until, now = row
+            if state == RUNNING and token != c.token and lease_until > now:
+                return ClaimOutcome.running(int(attempt))
+        return None
+
+    def _claim_new(self, c: RunClaim) -> ClaimOutcome | None:
+        """A new run: the unique (job, slot) decides first, then the job's lock for overlap.
+
+        Claimers of one slot wait on the winner's insert, not on each other, and those of
+        other slots take turns on the job's lock row before looking for a live run. ``None``:
+        the run exists (or the claim is late), so the general lock path decides.
+        """
+        with self._write():
+            now = self.now_ms()
+            if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
+                return None
+            run = Run(
+                job=c.job,
+                slot=c.slot,
+                attempt=1,
+                token=c.token,
+                instance_id=c.instance_id,
+                lease_until_ms=now + c.lease_ms,
+                state=RUNNING,
+                reason=c.reason,
+                started_at_ms=now,
+                keep_ms=c.keep_ms,
+            )
+            try:
+                with transaction.atomic(using=self.using):
+                    run.save(using=self.using, force_insert=True)
+            except IntegrityError:
+                return self._peek(c)
+            if c.overlap == "skip":
+                locked_now = self._lock_job(c.job)
+                busy = (
+                    self._runs()
+                    .filter(job=c.job, state=RUNNING, lease_until_ms__gt=locked_now)
+                    .exclude(slot=c.slot)
+                    .aggregate(slot=Max("slot"))["slot"]
+                )
+                if busy is not None:
+                    run.delete(using=self.using)
+                    return ClaimOutcome.overlap(int(busy))
+            self._put_attempt(
+                c.job, c.slot, c.instance_id, 1, False,
+                reason=c.reason, status="running", started_at=now,
+            )
+            return ClaimOutcome.won(1)
 
     def _run_claim_locked(self, c: RunClaim) -> ClaimOutcome:
         with self._write():
@@ -426,7 +506,11 @@ class Store:
 
     def _decide(self, c: RunClaim, now: int) -> ClaimOutcome:
         """The lease rules, under the job's lock, with ``now`` from the server."""
-        run: Run | None = self._runs().filter(job=c.job, slot=c.slot).first()
+        # Locked too: a heartbeat or a same-token renewal (which take no job lock) waits
+        # for this decision, or this decision sees them.
+        run: Run | None = (
+            self._runs().select_for_update().filter(job=c.job, slot=c.slot).first()
+        )
         if (
             run is not None
             and run.state == FINISHED

@@ -73,17 +73,23 @@ class ConnectionThreads:
                 if item is None:
                     return
                 future, fn = item
-                try:
-                    if future.set_running_or_notify_cancel():
+                outcome: tuple[bool, Any] = (False, None)
+                running = future.set_running_or_notify_cancel()
+                if running:
+                    try:
                         connection.close_if_unusable_or_obsolete()
-                        try:
-                            result = fn()
-                        except BaseException as exc:
-                            future.set_exception(exc)
-                        else:
-                            future.set_result(result)
-                finally:
-                    with self._lock:
-                        self._idle += 1
+                        outcome = (True, fn())
+                    except BaseException as exc:
+                        outcome = (False, exc)
+                # Idle again before the caller hears back, so that its next call reuses
+                # this thread instead of starting another.
+                with self._lock:
+                    self._idle += 1
+                if running:
+                    ok, value = outcome
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
         finally:
             connection.close()
