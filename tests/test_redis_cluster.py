@@ -27,7 +27,7 @@ def cluster() -> Iterator[RedisClusterNodes]:
 @no_process_race
 class TestRedisClusterLease(BackendContract):
     race_claimers = 50
-    race_rounds = 300
+    race_rounds = 200
     # A cluster client cannot pipeline scripts, so claim_many is one call per claim: keep
     # that race small (the single-slot races carry the weight).
     race_many_jobs = 10

@@ -50,11 +50,11 @@ class TestRedisLease(RedisContract):
 class TestRedisStreamId(RedisContract):
     strategy = {"name": "stream-id", "maxlen": 1000}
     race_claimers = 50
-    race_rounds = 1000
+    race_rounds = 500
 
 
 @claim_only
 class TestRedisScript(RedisContract):
     strategy = {"name": "script", "window": "10m"}
     race_claimers = 50
-    race_rounds = 1000
+    race_rounds = 500

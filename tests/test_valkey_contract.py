@@ -35,18 +35,18 @@ class ValkeyContract(BackendContract):
 class TestValkeyLease(ValkeyContract):
     strategy = "lease"
     race_claimers = 50
-    race_rounds = 1000
+    race_rounds = 500
 
 
 @claim_only
 class TestValkeyStreamId(ValkeyContract):
     strategy = "stream-id"
     race_claimers = 50
-    race_rounds = 500
+    race_rounds = 300
 
 
 @claim_only
 class TestValkeyScript(ValkeyContract):
     strategy = {"name": "script", "window": "5m"}
     race_claimers = 50
-    race_rounds = 500
+    race_rounds = 300
