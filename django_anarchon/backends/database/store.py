@@ -72,6 +72,12 @@ def _db_datetime(ms: int) -> datetime:
     return value if settings.USE_TZ else value.replace(tzinfo=None)
 
 
+def _delete(queryset: Any) -> int:
+    """One DELETE statement, whatever signal receivers exist: these rows have no relations."""
+    deleted: int = queryset._raw_delete(queryset.db)
+    return deleted
+
+
 def _transient(exc: DatabaseError) -> bool:
     """A deadlock, lock timeout, serialization failure or busy SQLite file: try again."""
     text = str(exc).lower()
@@ -311,7 +317,7 @@ class Store:
         """
         attempts = self._attempts().filter(job=job)
         if history_size <= 0:
-            attempts.delete()
+            _delete(attempts)
         else:
             cut = list(
                 attempts.order_by("-started_at", "-slot", "-attempt", "-id").values_list(
@@ -320,23 +326,23 @@ class Store:
             )
             if cut:
                 started, slot, attempt, pk = cut[0]
-                attempts.filter(
+                _delete(attempts.filter(
                     Q(started_at__lt=started)
                     | Q(started_at=started, slot__lt=slot)
                     | Q(started_at=started, slot=slot, attempt__lt=attempt)
                     | Q(started_at=started, slot=slot, attempt=attempt, id__lte=pk)
-                ).delete()
+                ))
         if history_ttl_ms is not None:
             oldest = _db_datetime(self.now_ms() - history_ttl_ms)
-            attempts.filter(
+            _delete(attempts.filter(
                 Q(finished_at__lt=oldest) | Q(finished_at__isnull=True, started_at__lt=oldest)
-            ).delete()
-        self._runs().filter(
+            ))
+        _delete(self._runs().filter(
             job=job,
             state=FINISHED,
             keep_ms__isnull=False,
             finished_at_ms__lt=ServerNowMs() - F("keep_ms"),
-        ).delete()
+        ))
 
     def history(self, job: str, limit: int) -> list[RunRecord]:
         if limit <= 0:

@@ -1,0 +1,336 @@
+"""DatabaseBackend beyond the contract: round trips, the server's clock, pruning, hygiene.
+
+The store's synchronous methods are called in the test's own thread here, so that
+``CaptureQueriesContext`` sees every statement on that thread's connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connections
+from django.test.utils import override_settings
+
+from django_anarchon.backends.base import ClaimInput, ClaimOutcome, RunClaim, StoredResult
+from django_anarchon.backends.database import DatabaseBackend
+from django_anarchon.backends.database.store import Store
+from django_anarchon.models import Run, RunAttempt
+
+pytestmark = pytest.mark.usefixtures("database_access")
+
+ALIASES = [
+    pytest.param("postgres_database", marks=pytest.mark.postgres, id="postgres"),
+    pytest.param("mysql_database", marks=pytest.mark.mysql, id="mysql"),
+    pytest.param("sqlite_database", id="sqlite"),
+]
+
+
+@pytest.fixture(params=ALIASES)
+def alias(request: pytest.FixtureRequest) -> str:
+    name: str = request.getfixturevalue(request.param)
+    return name
+
+
+def _job(label: str) -> str:
+    return f"dbtest-{label}-{uuid.uuid4().hex}"
+
+
+def _claim(job: str, slot: int, token: str, instance: str = "A", **kw: Any) -> RunClaim:
+    kw.setdefault("keep_ms", 600_000)
+    return RunClaim(job=job, slot=slot, token=token, instance_id=instance, **kw)
+
+
+class Trips:
+    """Statements a block sent, and how many transactions they ran in."""
+
+    def __init__(self, alias: str) -> None:
+        self.connection = connections[alias]
+        self.statements: list[tuple[str, bool]] = []
+
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool,
+                 context: dict[str, Any]) -> Any:
+        self.statements.append((sql, self.connection.get_autocommit()))
+        return execute(sql, params, many, context)
+
+    @property
+    def transactions(self) -> int:
+        count, inside = 0, False
+        for _, autocommit in self.statements:
+            if not autocommit and not inside:
+                count += 1
+            inside = not autocommit
+        return count
+
+    @property
+    def round_trips(self) -> int:
+        """Statements, plus BEGIN and COMMIT for each transaction."""
+        return len(self.statements) + 2 * self.transactions
+
+
+def count(alias: str, fn: Callable[[], Any]) -> tuple[Any, Trips]:
+    trips = Trips(alias)
+    with connections[alias].execute_wrapper(trips):
+        result = fn()
+    return result, trips
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# -- migrations ------------------------------------------------------------------------
+
+
+def test_migrations_match_the_models() -> None:
+    call_command("makemigrations", "django_anarchon", check=True, dry_run=True, verbosity=0)
+
+
+# -- round trips -----------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_postgres_fast_path_round_trips(postgres_database: str) -> None:
+    """PostgreSQL: a new run, a loser, a repeat, and claim() are one statement each."""
+    store = Store(postgres_database)
+    job, slot = _job("trips"), _now_ms()
+    store.prepare_job(job)
+    assert store._use_functions()  # checked once, before counting
+
+    outcome, trips = count(postgres_database, lambda: store.run_claim(_claim(job, slot, "a")))
+    assert outcome == ClaimOutcome.won(1)
+    assert (len(trips.statements), trips.transactions, trips.round_trips) == (1, 0, 1)
+
+    outcome, trips = count(postgres_database, lambda: store.run_claim(_claim(job, slot, "b")))
+    assert outcome == ClaimOutcome.running(1)
+    assert trips.round_trips == 1
+
+    outcome, trips = count(postgres_database, lambda: store.run_claim(_claim(job, slot, "a")))
+    assert outcome == ClaimOutcome.won(1)
+    assert trips.round_trips == 1
+
+    plain = ClaimInput(job=job, slot=slot + 1, token="p", instance_id="A")
+    won, trips = count(postgres_database, lambda: store.claim(plain))
+    assert won is True and trips.round_trips == 1
+    lost = ClaimInput(job=job, slot=slot + 1, token="q", instance_id="B")
+    won, trips = count(postgres_database, lambda: store.claim(lost))
+    assert won is False and trips.round_trips == 1
+
+    # The lock path: a takeover after the lease was released.
+    assert store.release(job, slot, "a")
+    takeover = _claim(job, slot, "c", "C", mode="takeover", max_attempts=2)
+    outcome, trips = count(postgres_database, lambda: store.run_claim(takeover))
+    assert outcome == ClaimOutcome.won(2)
+    assert trips.transactions == 1 and trips.round_trips <= 8, trips.statements
+
+
+def test_general_path_round_trips(alias: str) -> None:
+    """The general path: bounded statements, one short transaction, whatever the history."""
+    store = Store(alias, fast_path=False)
+    job, slot = _job("general"), _now_ms()
+    store.prepare_job(job)
+    outcome, new = count(alias, lambda: store.run_claim(_claim(job, slot, "a")))
+    assert outcome == ClaimOutcome.won(1)
+    assert new.transactions == 1 and new.round_trips <= 12, new.statements
+    outcome, loser = count(alias, lambda: store.run_claim(_claim(job, slot, "b")))
+    assert outcome == ClaimOutcome.running(1)
+    assert loser.round_trips == 1, loser.statements  # the lock-free peek
+    plain = ClaimInput(job=job, slot=slot + 1, token="p", instance_id="A")
+    won, first = count(alias, lambda: store.claim(plain))
+    # the winner's history row is an upsert, which Django wraps in a transaction
+    assert won is True and first.transactions <= 1 and first.round_trips <= 6, first.statements
+    lost = ClaimInput(job=job, slot=slot + 1, token="q", instance_id="B")
+    won, second = count(alias, lambda: store.claim(lost))
+    assert won is False and second.round_trips == 1
+
+
+# -- the server's clock ----------------------------------------------------------------
+
+
+def test_leases_use_the_server_clock(alias: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose clock is a day ahead still gets leases and lateness from the server."""
+    store = Store(alias)
+    job = _job("clock")
+    server_now = store.now_ms()
+    assert abs(server_now - _now_ms()) < 5_000  # the same machine: sanity only
+    day = 86_400_000
+    real_time, real_time_ns = time.time, time.time_ns
+    monkeypatch.setattr(time, "time", lambda: real_time() + day / 1000)
+    monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + day * 1_000_000)
+
+    slot = server_now - 10_000  # ten seconds late by the server, a day late by the worker
+    claim = _claim(job, slot, "a", lease_ms=30_000, max_late_ms=60_000)
+    assert store.run_claim(claim) == ClaimOutcome.won(1)
+    lease_until = Run.objects.using(alias).get(job=job, slot=slot).lease_until_ms
+    after = store.now_ms()
+    assert server_now + 30_000 <= lease_until <= after + 30_000
+    assert [a.alive for a in store.active(job)] == [True]
+
+    late = store.run_claim(_claim(job, server_now - 120_000, "b", max_late_ms=60_000))
+    assert late.kind == "late" and late.late_ms is not None
+    assert 120_000 <= late.late_ms < 120_000 + 10_000
+
+    assert store.heartbeat(job, slot, "a", 5_000)
+    lease_until = Run.objects.using(alias).get(job=job, slot=slot).lease_until_ms
+    assert lease_until <= store.now_ms() + 5_000
+    assert store.release(job, slot, "a")
+    assert [a.alive for a in store.active(job)] == [False]
+
+
+# -- pruning ---------------------------------------------------------------------------
+
+
+def _result(slot: int, started: int, by: str = "A") -> StoredResult:
+    return StoredResult(slot=slot, by=by, attempt=1, status="success", started_at=started,
+                        finished_at=started + 10, duration_ms=10)
+
+
+def test_pruning_is_set_based(alias: str) -> None:
+    """Keeping 5 of 300 records costs the same few statements as keeping 5 of 6."""
+    store = Store(alias)
+    job, base = _job("prune"), _now_ms() - 600_000
+    rows = [
+        RunAttempt(job=job, slot=base + i, scheduled_at=_dt(base + i), instance_id="A",
+                   attempt=1, reason="scheduled", status="success", started_at=_dt(base + i))
+        for i in range(300)
+    ]
+    RunAttempt.objects.using(alias).bulk_create(rows)
+    slot = base + 1_000
+    _, trips = count(alias, lambda: store.save_result(job, _result(slot, slot), 5, None))
+    assert len(trips.statements) <= 6, trips.statements
+    kept = list(RunAttempt.objects.using(alias).filter(job=job).values_list("slot", flat=True))
+    assert sorted(kept) == [base + 296, base + 297, base + 298, base + 299, slot]
+
+    old = base - 7_200_000
+    store.save_result(job, _result(old, old), 100, 3_600_000)
+    _, trips = count(alias, lambda: store.save_result(job, _result(slot, slot), 100, 3_600_000))
+    assert len(trips.statements) <= 7, trips.statements
+    kept = list(RunAttempt.objects.using(alias).filter(job=job).values_list("slot", flat=True))
+    assert old not in kept and slot in kept
+
+
+def test_finished_runs_are_forgotten_after_keep_ms(alias: str) -> None:
+    store = Store(alias)
+    job, slot = _job("forget"), _now_ms()
+    assert store.run_claim(_claim(job, slot, "a", keep_ms=1)).kind == "won"
+    assert store.finish(job, slot, "a", "success")
+    deadline = time.monotonic() + 5
+    finished = Run.objects.using(alias).get(job=job).finished_at_ms
+    assert finished is not None
+    while store.now_ms() <= finished + 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    store.save_result(job, _result(slot, slot), 10, None)
+    assert not Run.objects.using(alias).filter(job=job).exists()
+
+
+def _dt(ms: int) -> Any:
+    from django_anarchon.backends.database.store import _db_datetime
+
+    return _db_datetime(ms)
+
+
+# -- connections -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_terminate(postgres_database: str) -> Iterator[Callable[[], int]]:
+    import psycopg
+
+    db = connections[postgres_database].settings_dict
+
+    def terminate() -> int:
+        with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"],
+                             dbname="postgres", autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()", [db["NAME"]]
+            ).fetchall()
+        return len(rows)
+
+    yield terminate
+
+
+@pytest.mark.postgres
+def test_terminated_connections_recover(postgres_database: str,
+                                        pg_terminate: Callable[[], int]) -> None:
+    """pg_terminate_backend under a live backend: its next calls reconnect by themselves."""
+
+    async def main() -> None:
+        backend = DatabaseBackend(using=postgres_database, max_connections=2)
+        try:
+            await backend.init()
+            job, slot = _job("terminate"), _now_ms()
+            assert (await backend.runs.claim(_claim(job, slot, "a"))).kind == "won"
+            assert await asyncio.to_thread(pg_terminate) >= 1
+            assert await backend.runs.heartbeat(job, slot, "a", 30_000) is True
+            assert (await backend.runs.claim(_claim(job, slot + 1, "b"))).kind == "overlap"
+            assert await backend.runs.finish(job, slot, "a", "success") is True
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.postgres
+def test_conn_max_age_is_honoured(postgres_database: str) -> None:
+    """CONN_MAX_AGE=0: every batch gets a fresh connection, as every request would."""
+    db = connections[postgres_database].settings_dict
+    backend = DatabaseBackend(using=postgres_database, max_connections=1)
+
+    def pid() -> int:
+        with connections[postgres_database].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            value: int = cursor.fetchone()[0]
+        return value
+
+    async def pids() -> list[int]:
+        try:
+            return [await backend._call(pid) for _ in range(3)]
+        finally:
+            await backend.close()
+
+    db["CONN_MAX_AGE"] = 0
+    try:
+        assert len(set(asyncio.run(pids()))) == 3
+    finally:
+        db["CONN_MAX_AGE"] = None
+    assert len(set(asyncio.run(pids()))) == 1
+
+
+class _SendRunsTo:
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return self.alias if model._meta.app_label == "django_anarchon" else None
+
+
+def test_routers_and_using(sqlite_database: str) -> None:
+    with override_settings(DATABASE_ROUTERS=[_SendRunsTo(sqlite_database)]):
+        assert DatabaseBackend().using == sqlite_database
+        assert DatabaseBackend(using="default").using == "default"
+    assert DatabaseBackend().using == "default"
+
+
+def test_many_loops_and_close(sqlite_database: str) -> None:
+    """One backend used from one event loop after another; close() ends its own threads."""
+    backend = DatabaseBackend(using=sqlite_database, max_connections=2)
+    job = _job("loops")
+
+    async def claim(slot: int) -> bool:
+        return await backend.claim(ClaimInput(job=job, slot=slot, token="t", instance_id="A"))
+
+    assert asyncio.run(claim(1)) and asyncio.run(claim(2))
+    threads = [t for t in threading.enumerate() if t.name.startswith("anarchon-db")]
+    assert threads
+    asyncio.run(backend.close())
+    assert not any(t.is_alive() for t in threads)
+    assert asyncio.run(claim(1))  # usable again: new threads, new connections
+    asyncio.run(backend.close())
