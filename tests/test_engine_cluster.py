@@ -308,3 +308,71 @@ async def test_claims_due_together_go_in_one_claim_many_call() -> None:
 async def test_claim_only_claims_due_together_go_in_one_claim_many_call() -> None:
     backend = CountingClaimOnlyBackend()
     await _claims_due_together(backend, backend.batches)
+
+
+class FlakyRunStore(MemoryRunStore):
+    """The memory lease store whose claim, heartbeat and finish each fail twice first."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        super().__init__(backend._state)
+        self.failures = {"claim": 2, "heartbeat": 2, "finish": 2}
+        self.tokens: dict[str, list[str]] = {"claim": [], "heartbeat": [], "finish": []}
+
+    def _maybe_fail(self, call: str, token: str) -> None:
+        self.tokens[call].append(token)
+        if self.failures[call] > 0:
+            self.failures[call] -= 1
+            raise ConnectionError(f"{call}: store unreachable (test)")
+
+    async def claim(self, input: RunClaim) -> ClaimOutcome:
+        self._maybe_fail("claim", input.token)
+        return await super().claim(input)
+
+    async def heartbeat(self, job: str, slot: int, token: str, lease_ms: int) -> bool:
+        self._maybe_fail("heartbeat", token)
+        return await super().heartbeat(job, slot, token, lease_ms)
+
+    async def finish(self, job: str, slot: int, token: str, status: Any) -> bool:
+        self._maybe_fail("finish", token)
+        return await super().finish(job, slot, token, status)
+
+
+class FlakySaveBackend(MemoryBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.save_failures = 2
+
+    async def save_result(
+        self, job: str, result: Any, history_size: int, history_ttl_ms: int | None = None
+    ) -> None:
+        if self.save_failures > 0:
+            self.save_failures -= 1
+            raise ConnectionError("save_result: store unreachable (test)")
+        await super().save_result(job, result, history_size, history_ttl_ms)
+
+
+async def test_store_errors_on_a_lease_store_are_retried_and_no_record_is_lost() -> None:
+    backend = FlakySaveBackend()
+    runs = backend.runs = FlakyRunStore(backend)
+    calls = Calls()
+
+    async def handler(ctx: JobContext) -> None:
+        calls.add(attempt=ctx.attempt)
+        await asyncio.sleep(0.5)  # long enough for a few heartbeats
+
+    s = Scheduler(backend, instance_id="A", lease="1s", heartbeat="100ms")
+    events = Events(s)
+    s.at("flaky", iso_in(100), handler)
+    await s.start()
+    try:
+        await wait_for(lambda: bool(events.named("success")), 10, "the run despite store errors")
+    finally:
+        await s.stop()
+    assert len(calls) == 1
+    for call in ("claim", "heartbeat", "finish"):
+        assert runs.failures[call] == 0, call
+        assert len(set(runs.tokens[call])) == 1, (call, runs.tokens[call])
+    assert backend.save_failures == 0
+    (record,) = await s.ahistory("flaky")
+    assert (record.status, record.attempt) == ("success", 1)
+    assert not events.named("lost")
