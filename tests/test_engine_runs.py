@@ -288,3 +288,17 @@ async def test_raising_handlers_and_callbacks_never_stop_the_scheduler() -> None
     # A run that raises after stop() aborted its signal is "interrupted"; the rest failed.
     assert len([r for r in history if r.status == "failed"]) >= 3
     assert {r.status for r in history} <= {"failed", "interrupted"}
+
+
+async def test_a_cron_job_with_seconds_runs_on_its_instants() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    calls = Calls()
+    s.cron("each-second", "* * * * * *", lambda ctx: calls.add(slot=ctx.slot), max_late="300ms")
+    await s.start()
+    try:
+        await wait_for(lambda: len(calls) >= 2, 4, "two cron runs")
+    finally:
+        await s.stop()
+    slots = [c["slot"] for c in calls.items]
+    assert all(slot % 1000 == 0 for slot in slots), slots
+    assert slots == sorted(set(slots))
