@@ -80,11 +80,11 @@ class Driver:
     def no_script_error(self) -> type[BaseException]:
         return self.exceptions().NoScriptError  # type: ignore[no-any-return]
 
-    def missing(self, error: ImportError) -> ConfigurationError:
+    def missing(self, error: ImportError, backend: str) -> ConfigurationError:
         return ConfigurationError(
             f"the {self.package!r} client library is not installed "
             f"(pip install django-anarchon[{self.extra}]): {error}",
-            option="BACKEND", value=type(self).__name__,
+            option="BACKEND", value=backend,
         )
 
 
@@ -213,7 +213,8 @@ class RedisProtocolBackend(BaseBackend):
         try:
             return self.driver.cluster_class() if self._cluster else self.driver.client_class()
         except ImportError as error:
-            raise self.driver.missing(error) from error
+            cls = type(self)
+            raise self.driver.missing(error, f"{cls.__module__}.{cls.__qualname__}") from error
 
     def _new_client(self) -> Any:
         cls = self._client_class()
