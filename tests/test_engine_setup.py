@@ -316,3 +316,49 @@ async def test_a_failing_schedule_stops_only_its_own_job() -> None:
     finally:
         await s.stop()
     assert "ArithmeticError" in (events.named("error", job="broken")[0].error or "")
+
+
+_STUCK_SCRIPT = """
+import asyncio, threading, time
+import django
+django.setup()
+from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.engine import Scheduler
+
+started = threading.Event()
+
+def stuck(ctx):
+    started.set()
+    threading.Event().wait(600)  # never returns, ignores its signal
+
+async def main():
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    s.every("stuck", "1h", stuck)
+    await s.start()
+    task = asyncio.ensure_future(s.arun_now("stuck"))
+    await asyncio.to_thread(started.wait, 10)
+    await s.stop(grace="100ms")
+    print((await task).status, flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_stuck_sync_handler_does_not_keep_the_process_alive() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(root)}
+    result = subprocess.run(
+        [sys.executable, "-c", _STUCK_SCRIPT],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "interrupted"

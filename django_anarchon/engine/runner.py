@@ -14,7 +14,7 @@ import inspect
 import logging
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -61,7 +61,7 @@ class RunnerHost(Protocol):
     heartbeat_ms: int
     data: Any
 
-    def executor(self) -> ThreadPoolExecutor: ...
+    def executor(self) -> Executor: ...
 
     async def emit(self, event: Event) -> None: ...
 

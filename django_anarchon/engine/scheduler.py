@@ -16,7 +16,6 @@ import random
 import secrets
 import socket
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar, overload
 
@@ -48,6 +47,7 @@ from ..jobs import (
     validate_options,
 )
 from .events import Callback, Event, EventName, EventRegistry
+from .pool import DaemonThreadPool
 from .retry import retry_store_call
 from .runner import UNSET, Attempt, Runner, error_text
 from .timer import Timer, now_ms
@@ -154,7 +154,7 @@ class Scheduler:
         self._jobs: dict[str, _JobState] = {}
         self._events = EventRegistry()
         self._runner = Runner(self)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonThreadPool | None = None
         self._timer: Timer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
@@ -466,11 +466,9 @@ class Scheduler:
     def running(self) -> bool:
         return self._running
 
-    def executor(self) -> ThreadPoolExecutor:
+    def executor(self) -> DaemonThreadPool:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                self.threads, thread_name_prefix=f"anarchon-{self.name}"
-            )
+            self._pool = DaemonThreadPool(self.threads, thread_name_prefix=f"anarchon-{self.name}")
         return self._pool
 
     async def _ensure_init(self) -> None:
