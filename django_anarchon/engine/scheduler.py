@@ -169,9 +169,9 @@ class Scheduler:
 
     # -- configuration helpers ------------------------------------------------------
 
-    def _config_error(self, message: str, option: str, value: object) -> None:
+    def _config_error(self, message: str, option: str, value: object, what: str = "option") -> None:
         error = ConfigurationError(
-            f"scheduler {self.name!r}: option {option!r} = {value!r}: {message}"
+            f"scheduler {self.name!r}: {what} {option!r} = {value!r}: {message}"
         )
         error.option, error.value = option, value
         raise error
@@ -180,7 +180,9 @@ class Scheduler:
         try:
             return parse_duration(value, option=option)
         except ConfigurationError as exc:
-            self._config_error(str(exc).split(": ", 1)[-1], option, value)
+            self._config_error(
+                str(exc).removeprefix(f"option {option!r} = {value!r}: "), option, value
+            )
             raise  # unreachable; for type checkers
 
     def _defaults(self, job_defaults: Mapping[str, Any] | None) -> JobOptions:
@@ -195,15 +197,17 @@ class Scheduler:
                     + ", ".join(sorted(COMMON_OPTIONS)),
                     option,
                     value,
+                    "job_defaults option",
                 )
+        marker = f"<job_defaults of scheduler {self.name}>"
         try:
-            return validate_options(
-                f"<job_defaults of scheduler {self.name}>", "every", job_defaults
-            )[0]
+            return validate_options(marker, "every", job_defaults)[0]
         except ConfigurationError as exc:
-            error = ConfigurationError(f"scheduler {self.name!r}, job_defaults: {exc}")
-            error.option, error.value = exc.option, exc.value
-            raise error from None
+            # Say "job_defaults of scheduler X" where a job's error would name the job.
+            prefix = f"job {marker!r}, option {exc.option!r} = {exc.value!r}: "
+            message = str(exc).removeprefix(prefix)
+            self._config_error(message, str(exc.option), exc.value, "job_defaults option")
+            raise  # unreachable; for type checkers
 
     # -- registration ---------------------------------------------------------------
 
