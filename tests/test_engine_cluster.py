@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from django_anarchon.backends.base import ClaimInput, ClaimOutcome, RunClaim
+from django_anarchon.backends.base import ActiveRun, ClaimInput, ClaimOutcome, RunClaim
 from django_anarchon.backends.memory import MemoryBackend, MemoryRunStore
 from django_anarchon.engine import JobContext, Scheduler
 
@@ -257,6 +257,11 @@ class CountingRunStore(MemoryRunStore):
     def __init__(self, backend: MemoryBackend) -> None:
         super().__init__(backend._state)
         self.batches: list[int] = []
+        self.active_calls = 0
+
+    async def active(self, job: str) -> list[ActiveRun]:
+        self.active_calls += 1
+        return await super().active(job)
 
     async def claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
         self.batches.append(len(claims))
@@ -303,6 +308,8 @@ async def test_claims_due_together_go_in_one_claim_many_call() -> None:
     backend = MemoryBackend()
     runs = backend.runs = CountingRunStore(backend)
     await _claims_due_together(backend, runs.batches)
+    # With one attempt per run there is nothing to take over: losers do not watch.
+    assert runs.active_calls == 0
 
 
 async def test_claim_only_claims_due_together_go_in_one_claim_many_call() -> None:

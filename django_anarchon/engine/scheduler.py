@@ -915,6 +915,8 @@ class Scheduler:
                 claim = replace(claim, token=_new_token(), mode="new")  # a retry
                 next_outcome = await self._send_claim(claim, now_ms() + self.lease_ms)
             elif kind == "running":
+                if (outcome.attempt or 1) >= job.options.max_attempts:
+                    return  # no attempt left to take over: nothing to watch for
                 watched = await self._watch(job, claim)
                 if watched is None:
                     return
@@ -959,7 +961,11 @@ class Scheduler:
                 claim, token=_new_token(), mode="takeover", reason="takeover", max_late_ms=None
             )
             outcome = await self._send_claim(takeover, now_ms() + self.lease_ms)
-            if outcome is None or outcome.kind == "running":
+            if outcome is None:
+                continue
+            if outcome.kind == "running":
+                if (outcome.attempt or 1) >= job.options.max_attempts:
+                    return None
                 continue
             return takeover, outcome
         return None
