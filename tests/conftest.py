@@ -19,7 +19,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.conf import settings
@@ -46,10 +46,15 @@ def _run_name() -> str:
     return f"anarchon_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
 
 
+def databases() -> dict[str, dict[str, Any]]:
+    """``settings.DATABASES``, typed."""
+    return cast(dict[str, dict[str, Any]], settings.DATABASES)
+
+
 def _point_alias(alias: str, env_var: str, name: str) -> None:
     from django.db import connections
 
-    settings.DATABASES[alias]["NAME"] = name  # the same dict the connections read
+    databases()[alias]["NAME"] = name  # the same dict the connections read
     os.environ[env_var] = name
     connections[alias].close()
 
@@ -73,7 +78,7 @@ def _close(alias: str) -> None:
 def postgres_database(django_db_blocker: Any) -> Iterator[str]:
     import psycopg
 
-    db = settings.DATABASES["postgres"]
+    db = databases()["postgres"]
     host, port = db["HOST"], int(db["PORT"])
     if not reachable(host, port):
         unavailable(f"no PostgreSQL server at {host}:{port} (set ANARCHON_PG_HOST/PORT)")
@@ -95,9 +100,9 @@ def postgres_database(django_db_blocker: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def mysql_database(django_db_blocker: Any) -> Iterator[str]:
-    import MySQLdb
+    import MySQLdb  # type: ignore[import-untyped]
 
-    db = settings.DATABASES["mysql"]
+    db = databases()["mysql"]
     host, port = db["HOST"], int(db["PORT"])
     if not reachable(host, port):
         unavailable(f"no MariaDB/MySQL server at {host}:{port} (set ANARCHON_MYSQL_HOST/PORT)")

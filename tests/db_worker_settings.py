@@ -1,0 +1,31 @@
+# mypy: disable-error-code="no-redef, dict-item, call-overload"
+"""Settings of the ``anarchon_worker`` subprocesses in tests/test_database_workers.py.
+
+Environment: ``ANARCHON_DBW_ALIAS`` picks one of tests/settings.py's databases
+("postgres" or "sqlite"; the test passes its name in ``ANARCHON_PG_NAME`` /
+``ANARCHON_SQLITE_NAME``) as "default"; ``ANARCHON_DBW_SCENARIO`` picks the jobs
+(tests/dbworkerapp/jobs.py); ``ANARCHON_DBW_LEASE`` is the lease.
+"""
+
+import os
+
+from tests.settings import *  # noqa: F403
+from tests.settings import DATABASES as _DATABASES
+
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_anarchon",
+    "tests.dbworkerapp",
+]
+DATABASES = {"default": dict(_DATABASES[os.environ.get("ANARCHON_DBW_ALIAS", "postgres")])}
+ANARCHON = {
+    "default": {
+        "BACKEND": "django_anarchon.backends.database.DatabaseBackend",
+        "LEASE": os.environ.get("ANARCHON_DBW_LEASE", "3s"),
+        "THREADS": 25,
+        "JOB_DEFAULTS": {"history_size": 1000},
+    },
+}
+ROOT_URLCONF = "tests.dbworkerapp.urls"
+MIDDLEWARE: list[str] = []

@@ -1,0 +1,3 @@
+"""No views: the worker processes only run jobs."""
+
+urlpatterns: list[object] = []

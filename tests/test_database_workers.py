@@ -1,0 +1,370 @@
+"""Real ``anarchon_worker`` processes sharing one database: exactly once, takeovers, outages.
+
+Each test gets a database of its own (a fresh PostgreSQL database, or a SQLite file),
+migrated by a ``python -m django migrate --run-syncdb`` subprocess, and dropped at the
+end. The workers run the jobs of tests/dbworkerapp/jobs.py; their handlers write an
+``Execution`` row themselves, so every run is counted twice: in history, and by the
+handler.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import databases, reachable, unavailable
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_CLUSTER = ("15", "main")
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Database:
+    """A database of one test: the environment for subprocesses, and plain SQL reads."""
+
+    def __init__(self, alias: str, env: dict[str, str], query: Callable[[str], list[Any]]):
+        self.alias = alias
+        self.env = env
+        self.query = query
+
+    def executions(self) -> list[tuple[str, int, str, int, str]]:
+        return [tuple(r) for r in self.query(
+            "SELECT job, slot, instance_id, attempt, note FROM dbworkerapp_execution"
+        )]
+
+    def attempts(self) -> list[tuple[str, int, str, int, str, str]]:
+        return [tuple(r) for r in self.query(
+            "SELECT job, slot, instance_id, attempt, reason, status "
+            "FROM django_anarchon_runattempt"
+        )]
+
+
+def _migrate(env: dict[str, str]) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v", "0"],
+        cwd=ROOT, env=env, check=True, timeout=120,
+    )
+
+
+def _base_env(alias: str, scenario: str, lease: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.db_worker_settings",
+        "PYTHONPATH": str(ROOT),
+        "ANARCHON_DBW_ALIAS": alias,
+        "ANARCHON_DBW_SCENARIO": scenario,
+        "ANARCHON_DBW_LEASE": lease,
+    }
+
+
+def _pg_admin() -> dict[str, Any]:
+    db = databases()["postgres"]
+    if not reachable(db["HOST"], int(db["PORT"])):
+        unavailable(f"no PostgreSQL server at {db['HOST']}:{db['PORT']}")
+    return dict(host=db["HOST"], port=int(db["PORT"]), user=db["USER"],
+                password=db["PASSWORD"] or None, connect_timeout=5)
+
+
+@pytest.fixture
+def pg_db(request: pytest.FixtureRequest) -> Iterator[Callable[[str, str], Database]]:
+    import psycopg
+
+    admin = _pg_admin()
+    created: list[str] = []
+
+    def make(scenario: str, lease: str = "3s") -> Database:
+        name = f"anarchon_workers_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        created.append(name)
+        env = {**_base_env("postgres", scenario, lease), "ANARCHON_PG_NAME": name}
+        _migrate(env)
+
+        def query(sql: str) -> list[Any]:
+            with psycopg.connect(dbname=name, autocommit=True, **admin) as conn:
+                return conn.execute(sql).fetchall()
+
+        return Database("postgres", env, query)
+
+    yield make
+    for name in created:
+        with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> Callable[[str, str], Database]:
+    def make(scenario: str, lease: str = "3s") -> Database:
+        path = tmp_path / "workers.sqlite3"
+        env = {**_base_env("sqlite", scenario, lease), "ANARCHON_SQLITE_NAME": str(path)}
+        _migrate(env)
+
+        def query(sql: str) -> list[Any]:
+            with sqlite3.connect(path, timeout=20) as conn:
+                return conn.execute(sql).fetchall()
+
+        return Database("sqlite", env, query)
+
+    return make
+
+
+class Workers:
+    """``anarchon_worker`` subprocesses, killed at the end of the test if still running."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, Path] = {}
+
+    def start(self, db: Database, instance: str, grace: str = "5s") -> None:
+        log = self.tmp_path / f"{instance}.log"
+        self.logs[instance] = log
+        with log.open("wb") as out:
+            self.procs[instance] = subprocess.Popen(
+                [sys.executable, "-m", "django", "anarchon_worker", "--instance-id", instance,
+                 "--grace", grace],
+                cwd=ROOT, env=db.env, stdout=out, stderr=subprocess.STDOUT,
+            )
+
+    def output(self, instance: str) -> str:
+        return self.logs[instance].read_text(errors="replace")
+
+    def wait_started(self, timeout: float = 60) -> None:
+        for instance in self.procs:
+            wait_for(lambda i=instance: f"instance {i}" in self.output(i)  # type: ignore[misc]
+                     or self.procs[i].poll() is not None, timeout, f"worker {instance} to start")
+            assert self.procs[instance].poll() is None, self.output(instance)
+
+    def signal(self, instance: str, sig: int) -> None:
+        self.procs[instance].send_signal(sig)
+
+    def stop_all(self, timeout: float = 30) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for instance, proc in self.procs.items():
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise AssertionError(f"{instance} did not stop:\n{self.output(instance)}") from None
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(tmp_path)
+    yield w
+    w.kill_all()
+
+
+def assert_exactly_once(db: Database, jobs: int, since: int, until: int) -> int:
+    """Every due slot of every job in [since, until] ran once; nothing ever ran twice."""
+    executions = Counter((job, slot) for job, slot, *_ in db.executions())
+    twice = [key for key, n in executions.items() if n > 1]
+    assert not twice, f"ran more than once: {twice[:10]}"
+    attempts = db.attempts()
+    per_run = Counter((job, slot) for job, slot, *_ in attempts)
+    assert not [k for k, n in per_run.items() if n > 1], "a run with several attempts"
+    succeeded = {(job, slot) for job, slot, _, _, _, status in attempts if status == "success"}
+    assert succeeded == set(executions), (
+        f"history and handlers disagree: only in history {sorted(succeeded - set(executions))[:5]}"
+        f", only in handlers {sorted(set(executions) - succeeded)[:5]}"
+    )
+    first = (since // 200 + 1) * 200
+    due = {(f"tick-{i:02d}", slot) for i in range(jobs) for slot in range(first, until, 200)}
+    missing = sorted(due - set(executions))
+    assert not missing, f"{len(missing)} of {len(due)} due slots never ran: {missing[:10]}"
+    return len(due)
+
+
+def _many(db: Database, workers: Workers, count: int, seconds: float) -> None:
+    for i in range(count):
+        workers.start(db, f"W{i + 1}")
+    workers.wait_started()
+    since = now_ms() + 1_000  # every worker is up and has its timers armed
+    time.sleep(seconds)
+    until = now_ms() - 1_000  # slots this close to the stop may still be running
+    workers.stop_all()
+    due = assert_exactly_once(db, 20, since, until)
+    assert due >= 20 * int(seconds * 5 * 0.5)
+
+
+@pytest.mark.postgres
+def test_four_workers_on_postgres_run_every_slot_once(
+    pg_db: Callable[..., Database], workers: Workers
+) -> None:
+    """4 workers, 20 jobs every 200 ms, 10 s: every due slot exactly once."""
+    _many(pg_db("many"), workers, 4, 10)
+
+
+def test_three_workers_on_sqlite_run_every_slot_once(
+    sqlite_db: Callable[..., Database], workers: Workers
+) -> None:
+    """3 processes on one SQLite file (WAL, IMMEDIATE, busy timeout): the same exactly once."""
+    _many(sqlite_db("many"), workers, 3, 6)
+
+
+def _long_runner(db: Database) -> tuple[int, str]:
+    """Wait for the long job's first attempt to start; return its slot and instance."""
+    rows = wait_for(
+        lambda: [r for r in db.executions() if r[0] == "long" and r[4] == "start"],
+        60, "the long job to start",
+    )
+    _, slot, instance, attempt, _ = rows[0]
+    assert attempt == 1
+    return slot, instance
+
+
+def _attempt(db: Database, slot: int, attempt: int) -> tuple[Any, ...] | None:
+    rows = [r for r in db.attempts() if r[0] == "long" and r[1] == slot and r[3] == attempt]
+    return rows[0] if rows else None
+
+
+@pytest.mark.postgres
+def test_kill_9_of_the_runner_is_taken_over(
+    pg_db: Callable[..., Database], workers: Workers
+) -> None:
+    """The runner dies without a word: a backup runs attempt 2 within lease + heartbeat."""
+    lease_s = 2.0
+    db = pg_db("long", lease="2s")
+    workers.start(db, "A")
+    workers.start(db, "B")
+    workers.wait_started()
+    slot, runner = _long_runner(db)
+    backup = "B" if runner == "A" else "A"
+    workers.signal(runner, signal.SIGKILL)
+    killed = time.monotonic()
+    second = wait_for(lambda: _attempt(db, slot, 2), 30, "attempt 2")
+    took = time.monotonic() - killed
+    assert second[2:] == (backup, 2, "takeover", "running")
+    assert took <= lease_s + lease_s / 3 + 2.0, f"takeover after {took:.1f}s"
+    first = _attempt(db, slot, 1)
+    assert first is not None and first[2] == runner and first[5] == "interrupted"
+    starts = [r for r in db.executions() if r[1] == slot and r[4] == "start"]
+    assert [(r[2], r[3]) for r in starts] == [(runner, 1), (backup, 2)]
+
+
+@pytest.mark.postgres
+def test_sigterm_of_the_runner_hands_over_at_once(
+    pg_db: Callable[..., Database], workers: Workers
+) -> None:
+    """SIGTERM: the run is recorded interrupted, its lease released, a backup takes it now."""
+    lease_s = 9.0
+    db = pg_db("long", lease="9s")
+    workers.start(db, "A", grace="2s")
+    workers.start(db, "B", grace="2s")
+    workers.wait_started()
+    slot, runner = _long_runner(db)
+    backup = "B" if runner == "A" else "A"
+    workers.signal(runner, signal.SIGTERM)
+    stopped = time.monotonic()
+    second = wait_for(lambda: _attempt(db, slot, 2), 30, "attempt 2")
+    took = time.monotonic() - stopped
+    assert second[2:] == (backup, 2, "takeover", "running")
+    # Released, not lapsed: the backup's next look (every lease/3) finds it free.
+    assert took < lease_s, f"took {took:.1f}s: the lease was not released"
+    first = _attempt(db, slot, 1)
+    assert first is not None and first[2] == runner and first[5] == "interrupted"
+    assert workers.procs[runner].wait(15) == 0
+    ends = [r for r in db.executions() if r[1] == slot and r[2] == runner and r[4] != "start"]
+    assert ends and ends[0][4] == "end stop"
+
+
+def _pg_restart() -> None:
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", *PG_CLUSTER, "restart"],
+        check=True, timeout=120, capture_output=True,
+    )
+
+
+@pytest.fixture
+def pg_server_kept_up() -> Iterator[None]:
+    """Whatever the test did to the server, it is up again when the test ends."""
+    yield
+    db = databases()["postgres"]
+    if not wait_for_up(db["HOST"], int(db["PORT"]), 20):
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *PG_CLUSTER, "start"],
+                       check=False, timeout=120, capture_output=True)
+        assert wait_for_up(db["HOST"], int(db["PORT"]), 60), "PostgreSQL did not come back"
+
+
+def wait_for_up(host: str, port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if reachable(host, port):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.postgres
+def test_terminated_connections_and_a_restart(
+    pg_db: Callable[..., Database], workers: Workers, pg_server_kept_up: None
+) -> None:
+    """pg_terminate_backend, then a server restart, under 3 workers: no duplicate, no loss."""
+    import psycopg
+
+    if subprocess.run(["which", "pg_ctlcluster"], capture_output=True).returncode != 0:
+        unavailable("pg_ctlcluster is not installed: cannot restart PostgreSQL")
+    db = pg_db("many")
+    for instance in ("W1", "W2", "W3"):
+        workers.start(db, instance)
+    workers.wait_started()
+    time.sleep(2)
+    admin = _pg_admin()
+    name = db.env["ANARCHON_PG_NAME"]
+    with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
+        terminated = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s",
+            [name],
+        ).fetchone()
+    assert terminated is not None and terminated[0] >= 3
+    time.sleep(2)
+    _pg_restart()
+    back = now_ms()
+    # The workers carry on by themselves: new slots run after the restart.
+    wait_for(lambda: [r for r in db.executions() if r[1] > back + 1_000], 60,
+             "runs after the restart")
+    time.sleep(2)
+    workers.stop_all()
+    executions = Counter((job, slot) for job, slot, *_ in db.executions())
+    assert not [k for k, n in executions.items() if n > 1], "a run ran twice"
+    attempts = db.attempts()
+    assert not [k for k, n in Counter((j, s) for j, s, *_ in attempts).items() if n > 1]
+    succeeded = {(job, slot) for job, slot, _, _, _, status in attempts if status == "success"}
+    # No lost record: every handler call has its history row, and vice versa.
+    assert succeeded == set(executions), (
+        sorted(succeeded ^ set(executions))[:10], Counter(a[5] for a in attempts)
+    )
