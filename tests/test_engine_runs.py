@@ -302,3 +302,16 @@ async def test_a_cron_job_with_seconds_runs_on_its_instants() -> None:
     slots = [c["slot"] for c in calls.items]
     assert all(slot % 1000 == 0 for slot in slots), slots
     assert slots == sorted(set(slots))
+
+
+async def test_a_sync_callable_returning_a_coroutine_is_awaited() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    seen: list[int] = []
+
+    async def work(ctx: JobContext) -> None:
+        await asyncio.sleep(0)
+        seen.append(ctx.slot)
+
+    s.every("wrapped", "1h", lambda ctx: work(ctx))
+    record = await s.arun_now("wrapped")
+    assert record.status == "success" and seen == [record.slot]

@@ -269,9 +269,24 @@ class Runner:
             future = loop.run_in_executor(self.host.executor(), _call_sync, job.handler, ctx)
         assert attempt._interrupted is not None
         timeout = None if job.options.timeout_ms is None else job.options.timeout_ms / 1000
+        started = now_ms()
         done, _ = await asyncio.wait(
             {future, attempt._interrupted}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
         )
+        if (
+            future in done
+            and not job.is_async
+            and not future.cancelled()
+            and future.exception() is None
+            and inspect.isawaitable(future.result())
+        ):
+            # A sync callable that returned a coroutine (``lambda ctx: work(ctx)``): run it.
+            future = asyncio.ensure_future(future.result())
+            if timeout is not None:
+                timeout = max(timeout - (now_ms() - started) / 1000, 0)
+            done, _ = await asyncio.wait(
+                {future, attempt._interrupted}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         if future in done:
             return self._outcome(attempt, future)
         if attempt._interrupted.done():
