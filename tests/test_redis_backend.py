@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -369,7 +370,8 @@ def test_lost_reply_is_retried_with_the_same_token(server: tuple[str, str], stra
     url, prefix = server
 
     async def main() -> None:
-        proxy = DroppingProxy("127.0.0.1", 6379)
+        target = urlsplit(url)
+        proxy = DroppingProxy(target.hostname or "127.0.0.1", target.port or 6379)
         await proxy.start()
         via_proxy = RedisBackend(url=f"redis://127.0.0.1:{proxy.port}/0", strategy=strategy,
                                  key_prefix=prefix)
