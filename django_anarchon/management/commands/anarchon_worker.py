@@ -118,6 +118,11 @@ class Worker:
             for task in done:
                 if task.exception() is not None:
                     logger.error("error while stopping: %s", task.exception())
+            for scheduler in self.schedulers:  # built here, so their backends are ours to close
+                try:
+                    await scheduler.backend.close()
+                except Exception:
+                    logger.exception("error while closing the %s backend", scheduler.name)
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
