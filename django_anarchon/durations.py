@@ -8,11 +8,10 @@ from __future__ import annotations
 import math
 import re
 from datetime import timedelta
-from typing import Union
 
 from .exceptions import ConfigurationError
 
-Duration = Union[str, int, float, timedelta]
+Duration = str | int | float | timedelta
 
 _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")

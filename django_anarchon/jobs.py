@@ -229,7 +229,7 @@ class Job:
     @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.handler) or inspect.iscoroutinefunction(
-            getattr(self.handler, "__call__", None)
+            type(self.handler).__call__
         )
 
     def limits(self) -> JobLimits:

@@ -12,7 +12,7 @@ import inspect
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .conf import DEFAULT_ALIAS
 from .exceptions import ConfigurationError, DuplicateJobError
@@ -57,7 +57,7 @@ class ClassJobs:
 
 def _origin(obj: object) -> str:
     """``module:line`` of a function or class, for error messages naming both duplicates."""
-    target = inspect.unwrap(obj) if callable(obj) else obj  # type: ignore[arg-type]
+    target = inspect.unwrap(obj) if callable(obj) else obj
     module = getattr(target, "__module__", "?")
     try:
         line = inspect.getsourcelines(target)[1]  # type: ignore[arg-type]
@@ -289,5 +289,5 @@ def scheduled(
         return klass
 
     if cls is not None:
-        return cast(C, decorate(cls))
+        return decorate(cls)
     return decorate

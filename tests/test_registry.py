@@ -74,7 +74,7 @@ def test_scheduled_class_names_methods_with_prefix(alias: str) -> None:
 
     [entry] = registry.classes_for(alias)
     assert entry.cls is ShopJobs and entry.prefix == "shop"
-    with pytest.raises(DuplicateJobError, match="shop.restock"):
+    with pytest.raises(DuplicateJobError, match=r"shop\.restock"):
 
         @every("1m", name="shop.restock", scheduler=alias)
         def clash(ctx: object) -> None: ...

@@ -296,10 +296,10 @@ class BaseBackend(abc.ABC):
     #: The lease store, on backends that have leases.
     runs: RunStore | None = None
 
-    async def init(self) -> None:
+    async def init(self) -> None:  # noqa: B027  (optional hook: nothing to do by default)
         """Connect and check the server. Called by ``start()`` and before reads; idempotent."""
 
-    async def prepare_job(self, job: str, history_size: int) -> None:
+    async def prepare_job(self, job: str, history_size: int) -> None:  # noqa: B027  (optional hook: nothing to do by default)
         """One-time setup for a job (a stream, a queue, a lock row)."""
 
     @abc.abstractmethod
@@ -320,10 +320,10 @@ class BaseBackend(abc.ABC):
     async def history(self, job: str, limit: int) -> list[RunRecord]:
         """The latest attempts of ``job`` from every instance, newest first."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027  (optional hook: nothing to do by default)
         """Close what the backend opened itself (never a client it was given)."""
 
-    def check_job(self, job: JobLimits) -> None:
+    def check_job(self, job: JobLimits) -> None:  # noqa: B027  (optional hook: nothing to do by default)
         """Raise ``ConfigurationError`` to refuse a job this store cannot run safely.
 
         The engine already refuses ``jitter + max_late >= dedupe_window_ms``; a backend
