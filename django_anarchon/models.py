@@ -87,10 +87,10 @@ class Run(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "slot"], name="anarchon_run_job_slot"),
         ]
-        indexes = [
-            # overlap checks and active(): the running runs of one job
-            models.Index(fields=["job", "state", "lease_until_ms"], name="anarchon_run_job_state"),
-        ]
+        # No other index: the unique (job, slot) serves every query by job (overlap checks,
+        # active()), and a job keeps few rows here (finished runs are forgotten after
+        # keep_ms). A second index on (job, ...) made contested claims a third slower on
+        # PostgreSQL (docs/backends/database.md).
 
     def __str__(self) -> str:
         return f"{self.job} @ {self.scheduled_at.isoformat()} #{self.attempt}"

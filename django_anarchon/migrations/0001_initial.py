@@ -182,7 +182,6 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'run lease',
                 'verbose_name_plural': 'run leases',
-                'indexes': [models.Index(fields=['job', 'state', 'lease_until_ms'], name='anarchon_run_job_state')],
                 'constraints': [models.UniqueConstraint(fields=('job', 'slot'), name='anarchon_run_job_slot')],
             },
         ),

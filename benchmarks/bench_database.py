@@ -1,0 +1,225 @@
+"""Claims per second and latency of DatabaseBackend on PostgreSQL, beside a bare INSERT.
+
+    python benchmarks/bench_database.py [--host 127.0.0.1] [--port 5432] [--user postgres]
+                                        [--claims 1000]
+
+Creates a database of its own, migrates it, and drops it at the end. For 1 and 8
+concurrent claimers, each with its own backend (its own connection thread and
+connection), every claimer claims the same sequence of slots of one job as fast as it
+can, so with 8 each slot is contested by 8 and won by one. The bare operation, measured
+the same way in the same run: ``INSERT ... ON CONFLICT DO NOTHING`` on a table with a
+primary key (job, slot), through psycopg's async connection, one per claimer.
+``runs.claim()`` uses ``overlap="allow"`` (the runs are never finished here, so "skip"
+would answer ``overlap`` to every later slot). Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+Op = Callable[[int], Awaitable[object]]
+Close = Callable[[], Awaitable[None]]
+Maker = Callable[[int], Awaitable[tuple[Op, Close]]]
+
+
+async def measure(make: Maker, claimers: int, claims: int) -> tuple[float, float, float]:
+    """(operations per second, p50 ms, p99 ms) for ``claimers`` running ``claims`` each."""
+    built = [await make(i) for i in range(claimers)]
+    for op, _ in built:  # warm up: connect, start the threads
+        await op(-1)
+    latencies: list[float] = []
+
+    async def run(op: Op) -> None:
+        for slot in range(claims):
+            start = time.perf_counter()
+            await op(slot)
+            latencies.append(time.perf_counter() - start)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(run(op) for op, _ in built))
+    elapsed = time.perf_counter() - began
+    for _, close in built:
+        await close()
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return len(latencies) / elapsed, statistics.median(latencies) * 1000, p99 * 1000
+
+
+def bare(conninfo: dict[str, Any]) -> Maker:
+    import psycopg
+
+    job = f"bench-bare-{uuid.uuid4().hex[:8]}"
+    base = time.time_ns() // 1_000_000
+
+    async def make(index: int) -> tuple[Op, Close]:
+        conn = await psycopg.AsyncConnection.connect(autocommit=True, **conninfo)
+
+        async def op(slot: int) -> object:
+            cursor = await conn.execute(
+                "INSERT INTO bench_bare (job, slot, token) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING",
+                (job, base + slot, f"t{index}-{slot}"),
+            )
+            return cursor.rowcount
+
+        return op, conn.close
+
+    return make
+
+
+def bare_in_threads(conninfo: dict[str, Any]) -> Maker:
+    """The bare statement the way the backend calls the database: a blocking connection in
+    a thread of its own per claimer, awaited from the event loop."""
+    import psycopg
+
+    job = f"bench-bare-{uuid.uuid4().hex[:8]}"
+    base = time.time_ns() // 1_000_000
+
+    async def make(index: int) -> tuple[Op, Close]:
+        pool = ThreadPoolExecutor(1)
+        loop = asyncio.get_running_loop()
+        conn = await loop.run_in_executor(
+            pool, lambda: psycopg.connect(autocommit=True, **conninfo)
+        )
+
+        def insert(slot: int) -> int:
+            cursor = conn.execute(
+                "INSERT INTO bench_bare (job, slot, token) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING",
+                (job, base + slot, f"t{index}-{slot}"),
+            )
+            return cursor.rowcount
+
+        async def op(slot: int) -> object:
+            return await loop.run_in_executor(pool, insert, slot)
+
+        async def close() -> None:
+            await loop.run_in_executor(pool, conn.close)
+            pool.shutdown()
+
+        return op, close
+
+    return make
+
+
+def backend_claims(use_runs: bool, fast_path: bool = True) -> Maker:
+    from django_anarchon.backends.base import ClaimInput, RunClaim
+    from django_anarchon.backends.database import DatabaseBackend
+
+    job = f"bench-{uuid.uuid4().hex[:8]}"
+    base = time.time_ns() // 1_000_000
+
+    async def make(index: int) -> tuple[Op, Close]:
+        backend = DatabaseBackend(using="default", max_connections=1, fast_path=fast_path)
+        await backend.init()
+        await backend.prepare_job(job, 100)
+
+        async def op(slot: int) -> object:
+            token, instance = f"t{index}-{slot}", f"I{index}"
+            if use_runs:
+                claim = RunClaim(job=job, slot=base + slot, token=token, instance_id=instance,
+                                 overlap="allow", keep_ms=600_000)
+                return await backend.runs.claim(claim)
+            return await backend.claim(
+                ClaimInput(job=job, slot=base + slot, token=token, instance_id=instance)
+            )
+
+        return op, backend.close
+
+    return make
+
+
+def setup_django(conninfo: dict[str, Any], name: str) -> None:
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        INSTALLED_APPS=["django.contrib.contenttypes", "django_anarchon"],
+        DATABASES={"default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "HOST": conninfo["host"],
+            "PORT": conninfo["port"],
+            "USER": conninfo["user"],
+            "CONN_MAX_AGE": None,
+        }},
+        USE_TZ=True,
+    )
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", "django_anarchon", verbosity=0)
+
+
+async def run_cases(conninfo: dict[str, Any], claims: int) -> tuple[list[str], list[str]]:
+    """The table's rows, and what each backend row is worth against the bare statement."""
+    cases: list[tuple[str, Callable[[], Maker]]] = [
+        ("`INSERT ... ON CONFLICT DO NOTHING` (bare psycopg, async)", lambda: bare(conninfo)),
+        ("`INSERT ... ON CONFLICT DO NOTHING` (bare psycopg, a thread per claimer)",
+         lambda: bare_in_threads(conninfo)),
+        ("`runs.claim()`, fast path", lambda: backend_claims(True)),
+        ("`claim()`, fast path", lambda: backend_claims(False)),
+        ("`runs.claim()`, general path (as on MariaDB and SQLite)", lambda: backend_claims(True, False)),
+    ]
+    rows: list[str] = []
+    results: dict[tuple[str, int], float] = {}
+    for label, maker in cases:
+        for claimers in (1, 8):
+            per_s, p50, p99 = await measure(maker(), claimers, claims)
+            results[(label, claimers)] = per_s
+            rows.append(f"| {label} | {claimers} | {per_s:,.0f} | {p50:.2f} ms | {p99:.2f} ms |")
+    ratios = [
+        f"{label} at 8 claimers: {results[(label, 8)] / results[(bare, 8)]:.2f} of {bare}"
+        for label, _ in cases[2:]
+        for bare in (cases[0][0], cases[1][0])
+    ]
+    return rows, ratios
+
+
+def main(args: argparse.Namespace) -> None:
+    import psycopg
+
+    server = {"host": args.host, "port": args.port, "user": args.user}
+    name = f"anarchon_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+        version = conn.execute("SHOW server_version").fetchone()
+    conninfo = {**server, "dbname": name}
+    try:
+        with psycopg.connect(autocommit=True, **conninfo) as conn:
+            conn.execute("CREATE TABLE bench_bare (job text, slot bigint, token text, "
+                         "PRIMARY KEY (job, slot))")
+        setup_django(server, name)
+        rows, ratios = asyncio.run(run_cases(conninfo, args.claims))
+        print(f"PostgreSQL {version[0] if version else '?'}, {args.claims} claims per claimer\n")
+        print("| operation | concurrent | per second | p50 | p99 |")
+        print("|---|---|---|---|---|")
+        print("\n".join(rows))
+        print()
+        print("\n".join(ratios))
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=5432)
+    parser.add_argument("--user", default="postgres")
+    parser.add_argument("--claims", type=int, default=1000)
+    main(parser.parse_args())
