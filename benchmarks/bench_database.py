@@ -10,7 +10,8 @@ can, so with 8 each slot is contested by 8 and won by one. The bare operation, m
 the same way in the same run: ``INSERT ... ON CONFLICT DO NOTHING`` on a table with a
 primary key (job, slot), through psycopg's async connection, one per claimer.
 ``runs.claim()`` uses ``overlap="allow"`` (the runs are never finished here, so "skip"
-would answer ``overlap`` to every later slot). Prints a Markdown table.
+would answer ``overlap`` to every later slot). Each case runs ``--repeat`` times and the
+best run counts, since the test machine is shared. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -162,7 +163,9 @@ def setup_django(conninfo: dict[str, Any], name: str) -> None:
     call_command("migrate", "django_anarchon", verbosity=0)
 
 
-async def run_cases(conninfo: dict[str, Any], claims: int) -> tuple[list[str], list[str]]:
+async def run_cases(
+    conninfo: dict[str, Any], claims: int, repeat: int
+) -> tuple[list[str], list[str]]:
     """The table's rows, and what each backend row is worth against the bare statement."""
     cases: list[tuple[str, Callable[[], Maker]]] = [
         ("`INSERT ... ON CONFLICT DO NOTHING` (bare psycopg, async)", lambda: bare(conninfo)),
@@ -176,7 +179,8 @@ async def run_cases(conninfo: dict[str, Any], claims: int) -> tuple[list[str], l
     results: dict[tuple[str, int], float] = {}
     for label, maker in cases:
         for claimers in (1, 8):
-            per_s, p50, p99 = await measure(maker(), claimers, claims)
+            runs = [await measure(maker(), claimers, claims) for _ in range(repeat)]
+            per_s, p50, p99 = max(runs)  # the best run: the machine is shared
             results[(label, claimers)] = per_s
             rows.append(f"| {label} | {claimers} | {per_s:,.0f} | {p50:.2f} ms | {p99:.2f} ms |")
     ratios = [
@@ -201,8 +205,9 @@ def main(args: argparse.Namespace) -> None:
             conn.execute("CREATE TABLE bench_bare (job text, slot bigint, token text, "
                          "PRIMARY KEY (job, slot))")
         setup_django(server, name)
-        rows, ratios = asyncio.run(run_cases(conninfo, args.claims))
-        print(f"PostgreSQL {version[0] if version else '?'}, {args.claims} claims per claimer\n")
+        rows, ratios = asyncio.run(run_cases(conninfo, args.claims, args.repeat))
+        print(f"PostgreSQL {version[0] if version else '?'}, {args.claims} claims per claimer, "
+              f"best of {args.repeat}\n")
         print("| operation | concurrent | per second | p50 | p99 |")
         print("|---|---|---|---|---|")
         print("\n".join(rows))
@@ -222,4 +227,5 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=5432)
     parser.add_argument("--user", default="postgres")
     parser.add_argument("--claims", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per case; the best counts")
     main(parser.parse_args())
