@@ -55,6 +55,7 @@ class TestPostgresLockPathContract(DatabaseContract):
     database_fixture = "postgres_database"
     fast_path = False
     race_rounds = _rounds(200)
+    race_many_jobs = 5
     race_many_rounds = 10
 
 
@@ -63,6 +64,7 @@ class TestMySQLContract(DatabaseContract):
     database_fixture = "mysql_database"
     process_factory = "tests.db_factories:mysql"
     race_rounds = _rounds(300)
+    race_many_jobs = 10
     race_many_rounds = 10
 
 
@@ -70,4 +72,5 @@ class TestSQLiteContract(DatabaseContract):
     database_fixture = "sqlite_database"
     process_factory = "tests.db_factories:sqlite"
     race_rounds = _rounds(300)
+    race_many_jobs = 10
     race_many_rounds = 10
