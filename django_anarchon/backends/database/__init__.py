@@ -141,10 +141,11 @@ class DatabaseBackend(BaseBackend):
 
     def describe(self) -> str:
         try:
-            vendor = connections[self.using].vendor
+            alias = self.using
+            vendor = connections[alias].vendor
         except Exception:  # a banner never fails over a bad alias; init() reports it
-            vendor = "unknown"
-        return f"database ({vendor}, alias {self._using!r})"
+            alias, vendor = str(self._using), "unknown"
+        return f"database ({vendor}, alias {alias!r})"
 
 
 class DatabaseRunStore:

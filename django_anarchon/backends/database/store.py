@@ -131,16 +131,20 @@ class Store:
             with self._write_lock:
                 yield
 
-    def _retrying(self, fn: Callable[[], T]) -> T:
-        """Run ``fn``; after a transient error or a lost connection, once more (same token).
+    def _retrying(self, fn: Callable[[], T], *, also_conflicts: bool = False) -> T:
+        """Run ``fn``; after a transient error or a lost connection, again (same token).
 
         Every caller is safe to repeat: claims carry their token, the rest are upserts or
-        token-guarded updates.
+        token-guarded updates. ``also_conflicts``: a unique violation means another
+        claimer created the run meanwhile, and the next try reads it.
         """
         connection = connections[self.using]
         for attempt in range(_RETRIES):
             try:
                 return fn()
+            except IntegrityError:
+                if not also_conflicts or attempt == _RETRIES - 1:
+                    raise
             except OperationalError as exc:
                 connection.close_if_unusable_or_obsolete()
                 lost = connection.connection is None
@@ -430,7 +434,8 @@ class Store:
             outcome = self._retrying(lambda: postgres.run_claim(connections[self.using], c))
             if outcome is not None:
                 return outcome
-        return self._retrying(lambda: self._run_claim_generic(c))
+            return self._retrying(lambda: self._run_claim_locked(c), also_conflicts=True)
+        return self._retrying(lambda: self._run_claim_generic(c), also_conflicts=True)
 
     def run_claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
         return [self.run_claim(c) for c in claims]
