@@ -334,3 +334,29 @@ def test_many_loops_and_close(sqlite_database: str) -> None:
     assert not any(t.is_alive() for t in threads)
     assert asyncio.run(claim(1))  # usable again: new threads, new connections
     asyncio.run(backend.close())
+
+
+@pytest.mark.postgres
+def test_postgres_claim_many_is_one_round_trip(postgres_database: str) -> None:
+    """A batch of new runs of many jobs: one statement; the rest of a batch one by one."""
+    store = Store(postgres_database)
+    assert store._use_functions()  # checked once, before counting
+    slot = _now_ms()
+    jobs = [_job(f"many{i}") for i in range(20)]
+    claims = [_claim(job, slot, f"t{i}", overlap="skip") for i, job in enumerate(jobs)]
+    outcomes, trips = count(postgres_database, lambda: store.run_claim_many(claims))
+    assert outcomes == [ClaimOutcome.won(1)] * 20
+    assert trips.round_trips == 1, trips.statements
+
+    assert store.release(jobs[0], slot, "t0")
+    mixed = [
+        _claim(jobs[1], slot, "other"),  # running
+        _claim(jobs[0], slot, "x", mode="takeover", max_attempts=2),  # the lock path
+        _claim(jobs[2], slot + 1_000, "y", overlap="skip"),  # overlap with slot
+        _claim(jobs[3], slot, "t3"),  # the same token again
+        _claim(jobs[4], slot - 7_200_000, "z", max_late_ms=60_000),  # late
+    ]
+    outcomes = store.run_claim_many(mixed)
+    assert [o.kind for o in outcomes] == ["running", "won", "overlap", "won", "late"]
+    assert outcomes[1] == ClaimOutcome.won(2)
+    assert outcomes[2] == ClaimOutcome.overlap(slot)

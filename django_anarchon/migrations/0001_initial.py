@@ -124,6 +124,28 @@ BEGIN
     RETURN QUERY SELECT 'other'::text, NULL::integer, NULL::bigint, v_now;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION anarchon_run_claim_many_v1(
+    p_jobs text[], p_slots bigint[], p_tokens text[], p_instances text[], p_lease_ms bigint[],
+    p_reasons text[], p_overlap_skip boolean[], p_max_late_ms bigint[], p_keep_ms bigint[]
+) RETURNS TABLE (o_index integer, o_kind text, o_attempt integer, o_slot bigint, o_now_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_result record;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_jobs, 1), 0) LOOP
+        SELECT * INTO v_result FROM anarchon_run_claim_v1(p_jobs[i], p_slots[i], p_tokens[i],
+            p_instances[i], p_lease_ms[i], p_reasons[i], p_overlap_skip[i], p_max_late_ms[i],
+            p_keep_ms[i]);
+        o_index := i;
+        o_kind := v_result.o_kind;
+        o_attempt := v_result.o_attempt;
+        o_slot := v_result.o_slot;
+        o_now_ms := v_result.o_now_ms;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
 """
 
 
@@ -135,6 +157,10 @@ def create_claim_functions(apps, schema_editor):
 def drop_claim_functions(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute("DROP FUNCTION IF EXISTS anarchon_claim_v1(text, bigint, text, text)")
+        schema_editor.execute(
+            "DROP FUNCTION IF EXISTS anarchon_run_claim_many_v1"
+            "(text[], bigint[], text[], text[], bigint[], text[], boolean[], bigint[], bigint[])"
+        )
         schema_editor.execute(
             "DROP FUNCTION IF EXISTS anarchon_run_claim_v1"
             "(text, bigint, text, text, bigint, text, boolean, bigint, bigint)"

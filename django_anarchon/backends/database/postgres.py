@@ -16,16 +16,23 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..base import ClaimInput, ClaimOutcome, RunClaim
 
-__all__ = ["claim", "functions_installed", "run_claim"]
+__all__ = ["claim", "functions_installed", "run_claim", "run_claim_many"]
 
 CLAIM_SQL = "SELECT anarchon_claim_v1(%s, %s, %s, %s)"
 RUN_CLAIM_SQL = (
     "SELECT o_kind, o_attempt, o_slot, o_now_ms "
     "FROM anarchon_run_claim_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
+RUN_CLAIM_MANY_SQL = (
+    "SELECT o_index, o_kind, o_attempt, o_slot, o_now_ms FROM anarchon_run_claim_many_v1("
+    "%s::text[], %s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
+    "%s::boolean[], %s::bigint[], %s::bigint[])"
+)
 _SIGNATURES = (
     "anarchon_claim_v1(text, bigint, text, text)",
     "anarchon_run_claim_v1(text, bigint, text, text, bigint, text, boolean, bigint, bigint)",
+    "anarchon_run_claim_many_v1(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
+    " bigint[], bigint[])",
 )
 
 
@@ -40,7 +47,14 @@ def functions_installed(connection: BaseDatabaseWrapper) -> bool:
 
 
 def _call(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> tuple[Any, ...]:
-    """One row from a prepared statement on the thread's connection, in one round trip.
+    """One row from a prepared statement on the thread's connection, in one round trip."""
+    rows = _rows(connection, sql, params)
+    assert rows, sql
+    return rows[0]
+
+
+def _rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """The rows of a prepared statement on the thread's connection, in one round trip.
 
     A server-binding psycopg cursor with ``prepare=True``: PostgreSQL parses and plans
     the call once per connection. As through a Django cursor, errors become Django's and
@@ -61,14 +75,56 @@ def _call(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> tuple
             executor = functools.partial(wrapper, executor)
         executor(sql, params, False, context)
         with connection.wrap_database_errors:
-            row = cursor.fetchone()
-    assert row is not None
-    return tuple(row)
+            return [tuple(row) for row in cursor.fetchall()]
 
 
 def claim(connection: BaseDatabaseWrapper, input: ClaimInput) -> bool:
     row = _call(connection, CLAIM_SQL, [input.job, input.slot, input.token, input.instance_id])
     return bool(row[0])
+
+
+def _outcome(c: RunClaim, kind: str, attempt: Any, slot: Any, now: Any) -> ClaimOutcome | None:
+    if kind == "won":
+        return ClaimOutcome.won(int(attempt))
+    if kind == "running":
+        return ClaimOutcome.running(int(attempt))
+    if kind == "late":
+        return ClaimOutcome.late(int(now) - c.slot)
+    if kind == "overlap":
+        return ClaimOutcome.overlap(int(slot))
+    return None
+
+
+def run_claim_many(
+    connection: BaseDatabaseWrapper, claims: list[RunClaim]
+) -> list[ClaimOutcome | None]:
+    """Every claim of the batch in one round trip; ``None`` where the lock path decides.
+
+    The batch goes in (job, slot) order, so batches of different instances take their
+    locks in the same order and never wait for each other in a circle.
+    """
+    order = sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot))
+    batch = [claims[i] for i in order]
+    rows = _rows(
+        connection,
+        RUN_CLAIM_MANY_SQL,
+        [
+            [c.job for c in batch],
+            [c.slot for c in batch],
+            [c.token for c in batch],
+            [c.instance_id for c in batch],
+            [c.lease_ms for c in batch],
+            [c.reason for c in batch],
+            [c.overlap == "skip" for c in batch],
+            [c.max_late_ms for c in batch],
+            [c.keep_ms for c in batch],
+        ],
+    )
+    outcomes: list[ClaimOutcome | None] = [None] * len(claims)
+    for index, kind, attempt, slot, now in rows:
+        original = order[int(index) - 1]
+        outcomes[original] = _outcome(claims[original], kind, attempt, slot, now)
+    return outcomes
 
 
 def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | None:
@@ -88,12 +144,4 @@ def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | No
             c.keep_ms,
         ],
     )
-    if kind == "won":
-        return ClaimOutcome.won(int(attempt))
-    if kind == "running":
-        return ClaimOutcome.running(int(attempt))
-    if kind == "late":
-        return ClaimOutcome.late(int(now) - c.slot)
-    if kind == "overlap":
-        return ClaimOutcome.overlap(int(slot))
-    return None
+    return _outcome(c, kind, attempt, slot, now)

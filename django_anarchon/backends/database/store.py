@@ -11,6 +11,7 @@ through the functions the initial migration installs (``postgres.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import threading
@@ -164,7 +165,7 @@ class Store:
     def _use_functions(self) -> bool:
         if self.fast_path and not self._functions_checked:
             self._functions_checked = True
-            if not postgres.functions_installed(connections[self.using]):
+            if not self._retrying(lambda: postgres.functions_installed(connections[self.using])):
                 logger.warning(
                     "database backend: the PostgreSQL claim functions are missing on %r "
                     "(migrations not applied?); every claim takes the general lock path",
@@ -438,7 +439,27 @@ class Store:
         return self._retrying(lambda: self._run_claim_generic(c), also_conflicts=True)
 
     def run_claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
-        return [self.run_claim(c) for c in claims]
+        """On PostgreSQL, the new runs of the batch in one round trip; the rest one by one."""
+        fresh = [c for c in claims if c.mode == "new"]
+        if len(fresh) < 2 or not self._use_functions():
+            return [self.run_claim(c) for c in claims]
+        decided = self._retrying(
+            lambda: postgres.run_claim_many(connections[self.using], fresh)
+        )
+        answers = dict(zip(map(id, fresh), decided, strict=True))
+        outcomes: list[ClaimOutcome] = []
+        for c in claims:
+            outcome = answers.get(id(c))
+            if outcome is None:
+                outcome = (
+                    self._retrying(
+                        functools.partial(self._run_claim_locked, c), also_conflicts=True
+                    )
+                    if c.mode == "new"
+                    else self.run_claim(c)
+                )
+            outcomes.append(outcome)
+        return outcomes
 
     def _run_claim_generic(self, c: RunClaim) -> ClaimOutcome:
         if c.mode == "new":
