@@ -141,6 +141,35 @@ def backend_claims(use_runs: bool, fast_path: bool = True) -> Maker:
     return make
 
 
+async def batch_vs_single(jobs: int) -> list[str]:
+    """``runs.claim_many()`` of ``jobs`` new runs (one per job) against one claim at a time."""
+    from django_anarchon.backends.base import RunClaim
+    from django_anarchon.backends.database import DatabaseBackend
+
+    backend = DatabaseBackend(using="default", max_connections=1)
+    await backend.init()
+    lines = []
+    try:
+        for label in ("`runs.claim_many()`", "`runs.claim()` one at a time"):
+            names = [f"bench-batch-{uuid.uuid4().hex[:8]}-{i}" for i in range(jobs)]
+            for name in names:  # as the engine does at start
+                await backend.prepare_job(name, 100)
+            slot = time.time_ns() // 1_000_000
+            claims = [RunClaim(job=name, slot=slot, token=f"t{i}", instance_id="A",
+                               keep_ms=600_000) for i, name in enumerate(names)]
+            began = time.perf_counter()
+            if label.startswith("`runs.claim_many"):
+                outcomes = await backend.runs.claim_many(claims)
+            else:
+                outcomes = [await backend.runs.claim(c) for c in claims]
+            elapsed = (time.perf_counter() - began) * 1000
+            assert all(o.kind == "won" for o in outcomes), outcomes[:3]
+            lines.append(f"| {label}, {jobs:,} jobs due at once | {elapsed:.0f} ms |")
+    finally:
+        await backend.close()
+    return lines
+
+
 def setup_django(conninfo: dict[str, Any], name: str) -> None:
     import django
     from django.conf import settings
@@ -206,6 +235,7 @@ def main(args: argparse.Namespace) -> None:
                          "PRIMARY KEY (job, slot))")
         setup_django(server, name)
         rows, ratios = asyncio.run(run_cases(conninfo, args.claims, args.repeat))
+        batch = asyncio.run(batch_vs_single(args.batch))
         print(f"PostgreSQL {version[0] if version else '?'}, {args.claims} claims per claimer, "
               f"best of {args.repeat}\n")
         print("| operation | concurrent | per second | p50 | p99 |")
@@ -213,6 +243,8 @@ def main(args: argparse.Namespace) -> None:
         print("\n".join(rows))
         print()
         print("\n".join(ratios))
+        print("\n| batch | time |\n|---|---|")
+        print("\n".join(batch))
     finally:
         from django.db import connections
 
@@ -227,5 +259,6 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=5432)
     parser.add_argument("--user", default="postgres")
     parser.add_argument("--claims", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=1000, help="jobs in the claim_many case")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case; the best counts")
     main(parser.parse_args())
