@@ -256,5 +256,20 @@ class Migration(migrations.Migration):
                 'indexes': [models.Index(fields=['scheduler', 'claimed_at'], name='anarchon_request_pending')],
             },
         ),
+        migrations.CreateModel(
+            name='ScheduledJob',
+            fields=[
+            ],
+            options={
+                'verbose_name': 'job',
+                'verbose_name_plural': 'jobs',
+                'permissions': [('run_job', 'Can run a job now from the admin')],
+                'proxy': True,
+                'default_permissions': ('view',),
+                'indexes': [],
+                'constraints': [],
+            },
+            bases=('django_anarchon.runrequest',),
+        ),
         migrations.RunPython(create_claim_functions, drop_claim_functions, elidable=False),
     ]
