@@ -121,8 +121,14 @@ Tuning, as class attributes:
         class TestKeyValueBackend(BackendContract):
             process_factory = "tests.test_kv:kv_factory"
 ``supports_leases``
-    ``None`` (default) detects a ``RunStore`` from ``backend.runs``; ``False`` skips the
-    lease tests.
+    ``None`` (default) detects a ``RunStore`` from ``backend.runs`` and skips the lease
+    tests without one; ``False`` leaves them out of the class altogether.
+``supports_claim_many``
+    ``None`` (default) detects ``claim_many``; ``False`` leaves its races out.
+
+Tests that cannot apply are not collected: the lease tests with ``supports_leases =
+False``, the ``claim_many`` races with ``supports_claim_many = False``, and the race
+across OS processes without a ``process_factory``.
 ``lease_ms``, ``wait_timeout``
     The short lease of the timing tests, and how long to wait for it to lapse (seconds).
 
@@ -543,8 +549,23 @@ class BackendContract:
     process_claimers: ClassVar[int] = 4
     process_rounds: ClassVar[int] = 20
     supports_leases: ClassVar[bool | None] = None
+    supports_claim_many: ClassVar[bool | None] = None
     lease_ms: ClassVar[int] = 400
     wait_timeout: ClassVar[float] = 15.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Leave out the tests that cannot apply to the subclass's backend."""
+        super().__init_subclass__(**kwargs)
+        left_out: set[str] = set()
+        if cls.supports_leases is False:
+            left_out |= {n for n in dir(cls) if n.startswith("test_lease_")}
+            left_out |= {"test_race_run_claim", "test_race_run_claim_many", "test_race_losers_see_running"}
+        if cls.supports_claim_many is False:
+            left_out |= {"test_race_claim_many", "test_race_run_claim_many"}
+        if cls.process_factory is None:
+            left_out.add("test_race_in_processes")
+        for name in left_out:
+            setattr(cls, name, None)
 
     @pytest.fixture
     def make_backend(self) -> BackendFactory:
@@ -703,8 +724,7 @@ class BackendContract:
         self._batch_race(make_backend, use_runs=True)
 
     def test_race_in_processes(self) -> None:
-        if self.process_factory is None:
-            pytest.skip("process_factory not set: no race across OS processes")
+        assert self.process_factory is not None
         winners = race_in_processes(
             self.process_factory, claimers=self.process_claimers, rounds=self.process_rounds
         )

@@ -258,26 +258,6 @@ def valkey_server() -> Iterator[ValkeyServer]:
         server.stop()
 
 
-def claim_only(cls: type) -> type:
-    """Leave the lease-rule tests out of a contract class for a strategy without leases:
-    they do not apply (the suite would skip each one), so they are not collected at all.
-    The race across OS processes runs once, on Redis with ``lease``."""
-    for name in dir(cls):
-        if name.startswith("test_lease_") or name in (
-            "test_race_run_claim",
-            "test_race_run_claim_many",
-            "test_race_losers_see_running",
-        ):
-            setattr(cls, name, None)
-    return no_process_race(cls)
-
-
-def no_process_race(cls: type) -> type:
-    """The race across OS processes runs once, on Redis with ``lease``, not in every class."""
-    cls.test_race_in_processes = None  # type: ignore[attr-defined]
-    return cls
-
-
 PROCESS_PREFIX = "anarchon-test-processes"
 
 

@@ -61,6 +61,8 @@ def nats_names() -> Iterator[tuple[str, str, str]]:
 
 
 class TestNatsContract(BackendContract):
+    supports_leases = False
+    supports_claim_many = False
     race_claimers = 50
     race_rounds = RACE_ROUNDS
     process_factory = "tests.test_nats_contract:process_backend"

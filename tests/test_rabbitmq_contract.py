@@ -43,6 +43,8 @@ def rabbitmq_prefix() -> Iterator[tuple[str, str]]:
 
 
 class TestRabbitMQContract(BackendContract):
+    supports_leases = False
+    supports_claim_many = False
     race_claimers = 50
     race_rounds = RACE_ROUNDS
     process_factory = "tests.test_rabbitmq_contract:process_backend"

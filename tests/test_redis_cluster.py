@@ -12,7 +12,7 @@ from django_anarchon.backends.base import ClaimInput, ClaimOutcome, RunClaim
 from django_anarchon.backends.redis import RedisBackend
 from django_anarchon.testing import BackendContract, BackendFactory
 
-from .redis_support import RedisClusterNodes, no_process_race
+from .redis_support import RedisClusterNodes
 
 pytestmark = pytest.mark.redis
 
@@ -24,7 +24,6 @@ def cluster() -> Iterator[RedisClusterNodes]:
     nodes.stop()
 
 
-@no_process_race
 class TestRedisClusterLease(BackendContract):
     race_claimers = 50
     race_rounds = 200

@@ -2,7 +2,7 @@
 
 Every class writes under a key prefix of its own, removed at the end (runs that never
 finished would otherwise stay: they never expire, by design). The strategies without
-leases leave the lease-rule tests out (see ``claim_only``).
+leases set ``supports_leases = False``, so the suite leaves the lease-rule tests out.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from django_anarchon.backends.redis import RedisBackend
 from django_anarchon.testing import BackendContract, BackendFactory
 
-from .redis_support import PROCESS_PREFIX, claim_only, delete_prefix, redis_url
+from .redis_support import PROCESS_PREFIX, delete_prefix, redis_url
 
 pytestmark = pytest.mark.redis
 
@@ -46,15 +46,15 @@ class TestRedisLease(RedisContract):
     process_factory = "tests.redis_support:process_lease_backend"
 
 
-@claim_only
 class TestRedisStreamId(RedisContract):
+    supports_leases = False
     strategy = {"name": "stream-id", "maxlen": 1000}
     race_claimers = 50
-    race_rounds = 500
+    race_rounds = 1000
 
 
-@claim_only
 class TestRedisScript(RedisContract):
+    supports_leases = False
     strategy = {"name": "script", "window": "10m"}
     race_claimers = 50
-    race_rounds = 500
+    race_rounds = 1000

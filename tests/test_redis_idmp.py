@@ -18,7 +18,7 @@ from django_anarchon.backends.base import ClaimInput
 from django_anarchon.backends.redis import RedisBackend
 from django_anarchon.testing import BackendContract, BackendFactory
 
-from .redis_support import claim_only, delete_prefix
+from .redis_support import delete_prefix
 
 pytestmark = pytest.mark.redis
 
@@ -34,10 +34,10 @@ def idmp_server() -> Iterator[tuple[str, str]]:
     delete_prefix(IDMP_URL, prefix)
 
 
-@claim_only
 class TestRedisIdmp(BackendContract):
+    supports_leases = False
     race_claimers = 50
-    race_rounds = 300
+    race_rounds = 1000
 
     @pytest.fixture
     def make_backend(self, idmp_server: tuple[str, str]) -> BackendFactory:

@@ -11,7 +11,7 @@ import pytest
 from django_anarchon.backends.valkey import ValkeyBackend
 from django_anarchon.testing import BackendContract, BackendFactory
 
-from .redis_support import ValkeyServer, claim_only, no_process_race
+from .redis_support import ValkeyServer
 
 pytestmark = pytest.mark.redis
 
@@ -31,22 +31,21 @@ class ValkeyContract(BackendContract):
         return lambda: ValkeyBackend(url=valkey.url, strategy=self.strategy)
 
 
-@no_process_race
 class TestValkeyLease(ValkeyContract):
     strategy = "lease"
     race_claimers = 50
-    race_rounds = 500
+    race_rounds = 1000
 
 
-@claim_only
 class TestValkeyStreamId(ValkeyContract):
+    supports_leases = False
     strategy = "stream-id"
     race_claimers = 50
-    race_rounds = 300
+    race_rounds = 1000
 
 
-@claim_only
 class TestValkeyScript(ValkeyContract):
+    supports_leases = False
     strategy = {"name": "script", "window": "5m"}
     race_claimers = 50
-    race_rounds = 300
+    race_rounds = 1000
