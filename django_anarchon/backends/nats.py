@@ -22,13 +22,17 @@ import logging
 import math
 import re
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from ..durations import parse_duration
 from ..exceptions import ConfigurationError
+from ..retry import retry_store_call
 from . import _broker_history as records
 from .base import BaseBackend, ClaimInput, JobLimits, RunRecord, StoredResult
 from .naming import LoopBound, job_key
+
+T = TypeVar("T")
 
 __all__ = ["NatsBackend"]
 
@@ -172,20 +176,19 @@ class NatsBackend(BaseBackend):
             exc, (nats.errors.Error, asyncio.TimeoutError, TimeoutError, ConnectionError, OSError)
         )
 
-    async def _retrying(self, what: str, job: str, attempt: Any) -> Any:
-        """Run ``attempt()`` until it succeeds, retrying transient errors for ``retry_for``."""
-        deadline = time.monotonic() + self.retry_for_s
-        delay = 0.05
-        while True:
-            try:
-                return await attempt()
-            except Exception as exc:
-                if not self._retryable(exc) or time.monotonic() + delay > deadline:
-                    raise
-                # A closed client is replaced by the next _client() call.
-                logger.debug("NATS %s for job %s failed (%r); retrying", what, job, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+    async def _retrying(self, what: str, job: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run ``attempt()``, retrying connection trouble for ``retry_for`` (same token).
+
+        A closed connection is replaced by the next call's own lookup.
+        """
+        return await retry_store_call(
+            f"NATS {what} for job {job}",
+            attempt,
+            deadline_ms=int(time.time() * 1000 + self.retry_for_s * 1000),
+            retryable=self._retryable,
+            max_delay_s=1.0,
+            log_level=logging.DEBUG,
+        )
 
     # -- names ------------------------------------------------------------------------
 

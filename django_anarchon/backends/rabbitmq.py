@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from ..durations import parse_duration
 from ..exceptions import ConfigurationError
+from ..retry import retry_store_call
 from . import _broker_history as records
 from .base import BaseBackend, ClaimInput, JobLimits, RunRecord, StoredResult
 from .naming import LoopBound, job_key
@@ -209,19 +210,18 @@ class RabbitMQBackend(BaseBackend):
         )
 
     async def _retrying(self, what: str, job: str, attempt: Callable[[], Awaitable[T]]) -> T:
-        """Run ``attempt()``, retrying connection trouble for ``retry_for`` (same token)."""
-        deadline = time.monotonic() + self.retry_for_s
-        delay = 0.05
-        while True:
-            try:
-                return await attempt()
-            except Exception as exc:
-                if not self._retryable(exc) or time.monotonic() + delay > deadline:
-                    raise
-                # A closed connection is replaced by the next _link() call.
-                logger.debug("RabbitMQ %s for job %s failed (%r); retrying", what, job, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        """Run ``attempt()``, retrying connection trouble for ``retry_for`` (same token).
+
+        A closed connection is replaced by the next call's own lookup.
+        """
+        return await retry_store_call(
+            f"RabbitMQ {what} for job {job}",
+            attempt,
+            deadline_ms=int(time.time() * 1000 + self.retry_for_s * 1000),
+            retryable=self._retryable,
+            max_delay_s=1.0,
+            log_level=logging.DEBUG,
+        )
 
     # -- names ------------------------------------------------------------------------
 

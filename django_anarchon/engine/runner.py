@@ -32,9 +32,9 @@ from ..backends.base import (
 from ..durations import format_duration
 from ..exceptions import JobTimeoutError
 from ..jobs import Job
+from ..retry import retry_store_call
 from .context import JobContext
 from .events import Event, EventName
-from .retry import retry_store_call
 from .signal import AbortSignal
 from .timer import now_ms
 

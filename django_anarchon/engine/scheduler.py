@@ -46,9 +46,9 @@ from ..jobs import (
     check_timezone,
     validate_options,
 )
+from ..retry import retry_store_call
 from .events import Callback, Event, EventName, EventRegistry
 from .pool import DaemonThreadPool
-from .retry import retry_store_call
 from .runner import UNSET, Attempt, Runner, error_text
 from .timer import Timer, now_ms
 

@@ -1,17 +1,17 @@
-"""Store calls retried with exponential backoff.
+"""Store calls retried with exponential backoff, for the engine and the backends alike.
 
 The caller keeps the same token across attempts: that is what makes a repeated claim,
 heartbeat or finish safe when the first one reached the store and only the answer got lost.
+Pure asyncio: no Django imports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
-
-from .timer import now_ms
 
 __all__ = ["retry_store_call"]
 
@@ -29,11 +29,15 @@ async def retry_store_call(
     *,
     deadline_ms: int | None = None,
     give_up: Callable[[], bool] | None = None,
+    retryable: Callable[[BaseException], bool] | None = None,
+    max_delay_s: float = MAX_DELAY_S,
+    log_level: int = logging.WARNING,
 ) -> T:
     """Await ``call()`` until it returns; re-raise its last error once the deadline passed.
 
-    ``what`` names the call in logs (scheduler, job, slot). ``give_up()`` lets the caller
-    stop early (the scheduler is stopping).
+    ``what`` names the call in logs (scheduler, job, slot). ``deadline_ms`` is epoch ms;
+    ``give_up()`` lets the caller stop early (the scheduler is stopping); an error for
+    which ``retryable(exc)`` is false is raised at once (a refusal, not an outage).
     """
     delay = FIRST_DELAY_S
     failures = 0
@@ -43,11 +47,16 @@ async def retry_store_call(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            failures += 1
-            out_of_time = deadline_ms is not None and now_ms() + delay * 1000 > deadline_ms
-            if out_of_time or (give_up is not None and give_up()):
-                logger.error("%s failed %s time(s); giving up: %r", what, failures, exc)
+            if retryable is not None and not retryable(exc):
                 raise
-            logger.warning("%s failed (%r); retry %s in %.2fs", what, exc, failures, delay)
+            failures += 1
+            out_of_time = deadline_ms is not None and time.time() * 1000 + delay * 1000 > deadline_ms
+            if out_of_time or (give_up is not None and give_up()):
+                logger.log(
+                    max(log_level, logging.INFO), "%s failed %s time(s); giving up: %r",
+                    what, failures, exc,
+                )
+                raise
+            logger.log(log_level, "%s failed (%r); retry %s in %.2fs", what, exc, failures, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_DELAY_S)
+            delay = min(delay * 2, max_delay_s)
