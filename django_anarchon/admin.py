@@ -334,17 +334,8 @@ def strip_html(row: JobRow) -> SafeString:
 
 
 @admin.register(ScheduledJob)
-class ScheduledJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ScheduledJobAdmin(ReadOnlyAdmin):
     """The Jobs page: no rows of its own, it shows what the schedulers know."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name
