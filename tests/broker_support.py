@@ -19,7 +19,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -27,23 +26,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
+from .support import run_workers_and_count, unavailable, wait_for
 
 RABBITMQ_URL = os.environ.get("ANARCHON_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 NATS_URL = os.environ.get("ANARCHON_NATS_URL", "nats://127.0.0.1:4222")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 NATS_SERVER = "/usr/sbin/nats-server"
 NATS_ARGS = [
     "-a", "127.0.0.1", "-p", "4222", "-js", "-sd", "/var/lib/nats-server",
     "-l", "/var/log/nats-server.log",
 ]
-
-
-def unavailable(reason: str) -> None:
-    """Fail under CI, skip elsewhere: a server the tests need is missing."""
-    if IN_CI:
-        pytest.fail(f"CI: {reason}", pytrace=False)
-    pytest.skip(f"SKIPPED, NOT TESTED: {reason}")
 
 
 def _host_port(url: str, default_port: int) -> tuple[str, int]:
@@ -83,15 +74,6 @@ def nats_url() -> str:
     if not _nats_answers(host, port):
         unavailable(f"no NATS server answers at {host}:{port} (set ANARCHON_NATS_URL)")
     return NATS_URL
-
-
-def wait_until(predicate: object, timeout: float, what: str) -> None:
-    """Poll ``predicate()`` until true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: still not true after {timeout}s")
-        time.sleep(0.1)
 
 
 def delete_queues(url: str, prefix: str) -> None:
@@ -182,7 +164,7 @@ def stop_nats() -> None:
     for pid in _nats_pids():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not _nats_answers(), 10, "nats-server stopped")
+    wait_for(lambda: not _nats_answers(), 10, "nats-server stopped")
 
 
 def ensure_nats_up(timeout: float = 30) -> None:
@@ -192,8 +174,8 @@ def ensure_nats_up(timeout: float = 30) -> None:
             "start-stop-daemon", "--start", "--oknodo", "--background", "--exec", NATS_SERVER,
             "--", *NATS_ARGS,
         )
-    wait_until(_nats_answers, timeout, "nats-server answering")
-    wait_until(_jetstream_ready, timeout, "JetStream ready")
+    wait_for(_nats_answers, timeout, "nats-server answering")
+    wait_for(_jetstream_ready, timeout, "JetStream ready")
 
 
 def _jetstream_ready() -> bool:
@@ -363,83 +345,16 @@ async def schedulers_across_restart(
 # -- four anarchon_worker processes on one broker -----------------------------------------
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKERS = 4
 WORKER_JOBS = 10
-GAP_MS = 200
 
 
-def four_workers_each_slot_once(
-    out: Path, broker: str, env_extra: dict[str, str], run_seconds: float = 8.0
-) -> None:
-    """Start four ``anarchon_worker`` processes on ``broker``; every slot must run once.
-
-    Each worker appends "job slot" to a file of its own when a run starts; after SIGTERM,
-    every (job, slot) must appear exactly once across the files, and while all four were
-    up no slot of any job may be missing.
-    """
+def four_workers_each_slot_once(out: Path, broker: str, env_extra: dict[str, str]) -> None:
+    """Four ``anarchon_worker`` processes on ``broker``, ten jobs every 200 ms: each slot once."""
     job_prefix = f"broker-{broker}-{uuid.uuid4().hex[:6]}"
     env = {
-        **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.brokerworker.settings",
-        "PYTHONPATH": str(ROOT),
-        "ANARCHON_TEST_OUT": str(out),
         "ANARCHON_TEST_BROKER": broker,
         "ANARCHON_TEST_JOB_PREFIX": job_prefix,
         **env_extra,
     }
-    logs = [out / f"worker{i}.log" for i in range(WORKERS)]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for i, log in enumerate(logs):
-            with log.open("w") as sink:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "django", "anarchon_worker",
-                         "--instance-id", f"W{i}", "--grace", "5s"],
-                        cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                    )
-                )
-
-        def all_up() -> bool:
-            for proc, log in zip(procs, logs, strict=True):
-                if proc.poll() is not None:
-                    raise AssertionError(f"a worker exited early:\n{log.read_text()}")
-            return all("Press Ctrl+C" in log.read_text() for log in logs)
-
-        wait_until(all_up, 60, "four workers printing their banner")
-        all_up_at = time.time_ns() // 1_000_000
-        wanted = WORKER_JOBS * int(run_seconds * 1000 / GAP_MS)
-
-        def enough_runs() -> bool:
-            return sum(len(p.read_text().splitlines()) for p in out.glob("W*.txt")) >= wanted
-
-        wait_until(enough_runs, run_seconds * 4, f"{wanted} runs")
-        stop_at = time.time_ns() // 1_000_000
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc, log in zip(procs, logs, strict=True):
-            assert proc.wait(30) == 0, log.read_text()
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-
-    runs: dict[tuple[str, int], int] = {}
-    by_worker: dict[str, int] = {}
-    for path in out.glob("W*.txt"):
-        for line in path.read_text().splitlines():
-            job, slot = line.split()
-            runs[(job, int(slot))] = runs.get((job, int(slot)), 0) + 1
-            by_worker[path.stem] = by_worker.get(path.stem, 0) + 1
-    twice = [key for key, count in runs.items() if count != 1]
-    assert not twice, f"run more than once: {twice[:10]}"
-    first = (all_up_at // GAP_MS + 2) * GAP_MS
-    last = (stop_at // GAP_MS - 3) * GAP_MS
-    expected = {
-        (f"{job_prefix}.{n}", s) for n in range(WORKER_JOBS) for s in range(first, last + 1, GAP_MS)
-    }
-    missing = sorted(expected - set(runs))
-    assert not missing, f"{len(missing)} slots never ran, e.g. {missing[:5]}"
-    assert len(expected) >= WORKER_JOBS * 30, len(expected)
-    assert len(by_worker) >= 2, f"one worker won everything: {by_worker}"
+    run_workers_and_count(out, env, [f"{job_prefix}.{n}" for n in range(WORKER_JOBS)])

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,22 +23,7 @@ from typing import Any, cast
 import pytest
 from django.conf import settings
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def unavailable(reason: str) -> None:
-    """Fail under CI, skip elsewhere: a server the tests need is missing."""
-    if IN_CI:
-        pytest.fail(f"CI: {reason}", pytrace=False)
-    pytest.skip(f"SKIPPED, NOT TESTED: {reason}")
-
-
-def reachable(host: str, port: int, timeout: float = 1.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+from tests.support import reachable, unavailable
 
 
 def _run_name() -> str:

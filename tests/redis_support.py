@@ -22,19 +22,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-import pytest
+from .support import unavailable
 
 REDIS_URL = os.environ.get("ANARCHON_REDIS_URL", "redis://127.0.0.1:6379/0")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def unavailable(reason: str) -> None:
-    """Fail under CI, skip elsewhere: a server the tests need is missing."""
-    if IN_CI:
-        pytest.fail(f"CI: {reason}", pytrace=False)
-    pytest.skip(f"SKIPPED, NOT TESTED: {reason}")
-
-
 def _ping(host: str, port: int, timeout: float = 1.0) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import databases, reachable, unavailable
+from tests.conftest import databases
+from tests.support import reachable, unavailable
 
 pytestmark = pytest.mark.slow
 
