@@ -14,7 +14,7 @@ import time
 import zoneinfo
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
 from .backends.base import JobLimits, datetime_to_ms
@@ -287,6 +287,3 @@ def check_dedupe_window(job: Job, dedupe_window_ms: float, backend_name: str) ->
             job=job.name, option="max_late", value=o.max_late_ms,
         )
 
-
-def to_timedelta(ms: int | None) -> timedelta | None:
-    return None if ms is None else timedelta(milliseconds=ms)

@@ -24,9 +24,6 @@ OverlapPolicy = Literal["skip", "allow"]
 ClaimMode = Literal["new", "takeover"]
 OutcomeKind = Literal["won", "running", "done", "overlap", "none", "late"]
 
-FINAL_STATUSES: frozenset[str] = frozenset({"success", "failed", "interrupted"})
-RUN_REASONS: frozenset[str] = frozenset({"scheduled", "manual", "catch-up", "takeover"})
-
 
 def ms_to_datetime(ms: float) -> datetime:
     """An epoch-milliseconds instant as an aware UTC datetime."""
@@ -239,8 +236,7 @@ def build_history(
             duration_ms=r.duration_ms,
             error=r.error,
         )
-    records = sorted(by_key.values(), key=lambda rec: (rec.started_at, rec.slot, rec.attempt), reverse=True)
-    return records[: max(limit, 0)]
+    return sort_newest_first(list(by_key.values()))[: max(limit, 0)]
 
 
 @runtime_checkable
