@@ -39,7 +39,9 @@ class DatabaseContract(BackendContract):
     @pytest.fixture
     def make_backend(self, _alias: str) -> BackendFactory:
         fast_path = self.fast_path
-        return lambda: DatabaseBackend(using=_alias, max_connections=2, fast_path=fast_path)
+        # One connection per claimer: 50 claimers stay well inside PostgreSQL's default
+        # max_connections (100), next to the other connections of the test run.
+        return lambda: DatabaseBackend(using=_alias, max_connections=1, fast_path=fast_path)
 
 
 @pytest.mark.postgres
