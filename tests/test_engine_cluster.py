@@ -186,6 +186,46 @@ async def test_stop_hands_a_running_run_to_a_backup_at_once() -> None:
     assert interrupted and interrupted[0].reason == "stop"
 
 
+async def test_a_backup_told_overlap_still_takes_the_blocking_run_over() -> None:
+    """B starts after the long run's slot: its own slot is an overlap, yet it guards the run."""
+    backend = MemoryBackend()
+    calls = Calls()
+    release = threading.Event()
+    started = threading.Event()
+
+    def handler(ctx: JobContext) -> None:
+        calls.add(by=ctx.instance_id, attempt=ctx.attempt, reason=ctx.reason, slot=ctx.slot)
+        if ctx.instance_id == "A":
+            started.set()
+            release.wait(10)  # ignores its abort signal: only the grace ends it
+
+    a = Scheduler(backend, instance_id="A", lease="10s", heartbeat="200ms")
+    b = Scheduler(backend, instance_id="B", lease="10s", heartbeat="200ms")
+    events = Events(a, b)
+    for s in (a, b):
+        # max_late below the interval: B, started later, claims the next slot, not A's.
+        s.every("long", "600ms", handler, max_attempts=2, max_late="150ms")
+    await a.start()
+    try:
+        await asyncio.to_thread(started.wait, 5)
+        first = calls.where(by="A")[0]["slot"]
+        await wait_for(lambda: now_ms() > first + 200, 5, "A's slot to be past max_late")
+        await b.start()
+        await wait_for(
+            lambda: bool(events.named("skip", instance_id="B")), 5, "B's slot skipped as an overlap"
+        )
+        assert events.named("skip", instance_id="B")[0].reason == "overlap"
+        stop_at = now_ms()
+        await a.stop(grace="100ms")
+        await wait_for(lambda: bool(calls.where(by="B")), 5, "B takes the run over")
+        taken = calls.where(by="B")[0]
+        assert (taken["slot"], taken["attempt"], taken["reason"]) == (first, 2, "takeover")
+        assert now_ms() - stop_at < 2_000, "the backup must not wait for the 10 s lease"
+    finally:
+        release.set()
+        await stop_all(a, b)
+
+
 async def test_a_handler_finishing_within_the_grace_keeps_its_result() -> None:
     backend = MemoryBackend()
     started = threading.Event()

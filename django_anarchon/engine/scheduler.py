@@ -163,6 +163,7 @@ class Scheduler:
         self._stopped: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._attempts: set[Attempt] = set()
+        self._watching: set[tuple[str, int]] = set()  # (job, slot) runs this instance watches
         self._initialized = False
         self._batch: list[tuple[Job, int]] = []
         self._batch_pending = False
@@ -917,13 +918,31 @@ class Scheduler:
             elif kind == "running":
                 if (outcome.attempt or 1) >= job.options.max_attempts:
                     return  # no attempt left to take over: nothing to watch for
-                watched = await self._watch(job, claim)
+                key = (job.name, claim.slot)
+                if key in self._watching:
+                    return  # another task of this instance keeps an eye on it already
+                self._watching.add(key)
+                try:
+                    watched = await self._watch(job, claim)
+                finally:
+                    self._watching.discard(key)
                 if watched is None:
                     return
                 claim, next_outcome = watched
             elif kind == "overlap":
                 await self._emit("skip", job, claim.slot, reason="overlap")
-                return
+                blocker = outcome.slot
+                if (
+                    blocker is None
+                    or job.options.max_attempts < 2
+                    or any(a.job.name == job.name and a.slot == blocker for a in self._attempts)
+                ):
+                    return
+                # The run in the way is another instance's: watch it like a loser told
+                # "running" would, so that a backup that started after its slot still
+                # takes it over if its runner goes away.
+                claim = replace(claim, slot=blocker, token=_new_token(), reason="scheduled")
+                next_outcome = ClaimOutcome.running(1)
             elif kind == "late":
                 await self._emit("skip", job, claim.slot, reason="late")
                 return
