@@ -18,43 +18,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-Op = Callable[[int], Awaitable[object]]
-Close = Callable[[], Awaitable[None]]
-Maker = Callable[[int], Awaitable[tuple[Op, Close]]]
-
-
-async def measure(make: Maker, claimers: int, claims: int) -> tuple[float, float, float]:
-    """(operations per second, p50 ms, p99 ms) for ``claimers`` running ``claims`` each."""
-    built = [await make(i) for i in range(claimers)]
-    for op, _ in built:  # warm up: connect, start the threads
-        await op(-1)
-    latencies: list[float] = []
-
-    async def run(op: Op) -> None:
-        for slot in range(claims):
-            start = time.perf_counter()
-            await op(slot)
-            latencies.append(time.perf_counter() - start)
-
-    began = time.perf_counter()
-    await asyncio.gather(*(run(op) for op, _ in built))
-    elapsed = time.perf_counter() - began
-    for _, close in built:
-        await close()
-    latencies.sort()
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    return len(latencies) / elapsed, statistics.median(latencies) * 1000, p99 * 1000
+from measure import Close, Maker, Op, measure
 
 
 def bare(conninfo: dict[str, Any]) -> Maker:

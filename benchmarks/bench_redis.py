@@ -14,51 +14,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis.asyncio
+from measure import Close, Maker, Op, measure
 
 from django_anarchon.backends.base import ClaimInput, RunClaim
 from django_anarchon.backends.redis import RedisBackend
 
-Claim = Callable[[int], Awaitable[object]]
-Close = Callable[[], Awaitable[None]]
-Maker = Callable[[int], Awaitable[tuple[Claim, Close]]]
-
-
-async def measure(make: Maker, claimers: int, claims: int) -> tuple[float, float, float]:
-    """(claims per second, p50 ms, p99 ms) for ``claimers`` claimers of ``claims`` slots each."""
-    built = [await make(i) for i in range(claimers)]
-    for claim, _ in built:  # warm up: connect, load scripts
-        await claim(-1)
-    latencies: list[float] = []
-
-    async def run(claim: Claim) -> None:
-        for slot in range(claims):
-            start = time.perf_counter()
-            await claim(slot)
-            latencies.append(time.perf_counter() - start)
-
-    began = time.perf_counter()
-    await asyncio.gather(*(run(claim) for claim, _ in built))
-    elapsed = time.perf_counter() - began
-    for _, close in built:
-        await close()
-    latencies.sort()
-    p50 = statistics.median(latencies) * 1000
-    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-    return len(latencies) / elapsed, p50, p99
-
 
 def bare_set(url: str, prefix: str) -> Maker:
-    async def make(i: int) -> tuple[Claim, Close]:
+    async def make(i: int) -> tuple[Op, Close]:
         client = redis.asyncio.Redis.from_url(url)
 
         async def claim(slot: int) -> object:
@@ -73,7 +44,7 @@ def backend_claim(url: str, prefix: str, strategy: str, use_runs: bool) -> Maker
     job = f"bench-{strategy}-{'runs' if use_runs else 'claim'}"
     base = time.time_ns() // 1_000_000 // 1000 * 1000
 
-    async def make(i: int) -> tuple[Claim, Close]:
+    async def make(i: int) -> tuple[Op, Close]:
         backend = RedisBackend(url=url, strategy=strategy, key_prefix=prefix)
         await backend.init()
         await backend.prepare_job(job, 100)
