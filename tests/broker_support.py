@@ -76,6 +76,21 @@ def nats_url() -> str:
     return NATS_URL
 
 
+async def delete_nats_streams(url: str, prefix: str) -> None:
+    """Delete the JetStream streams whose names start with ``prefix`` (test clean-up)."""
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        for info in await js.streams_info():
+            name = info.config.name or ""
+            if name.startswith(prefix):
+                await js.delete_stream(name)
+    finally:
+        await nc.close()
+
+
 def delete_queues(url: str, prefix: str) -> None:
     """Delete the queues (history streams) whose names start with ``prefix``.
 

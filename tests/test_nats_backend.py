@@ -16,7 +16,7 @@ from django_anarchon.backends.base import ClaimInput, JobLimits
 from django_anarchon.backends.nats import NatsBackend
 from django_anarchon.exceptions import ConfigurationError
 
-from .broker_support import CuttingProxy, nats_url
+from .broker_support import CuttingProxy, delete_nats_streams, nats_url
 
 pytestmark = pytest.mark.nats
 
@@ -32,26 +32,12 @@ def _input(job: str, slot: int, token: str, instance: str = "A") -> ClaimInput:
     return ClaimInput(job=job, slot=slot, token=token, instance_id=instance)
 
 
-async def _drop_streams(url: str, prefix: str) -> None:
-    import nats
-
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            name = info.config.name or ""
-            if name.startswith(prefix):
-                await js.delete_stream(name)
-    finally:
-        await nc.close()
-
-
 @pytest.fixture
 async def names() -> AsyncIterator[tuple[str, str, str]]:
     url = nats_url()
     tag = uuid.uuid4().hex[:8]
     yield url, f"ANTESTB{tag}", f"antestb{tag}"
-    await _drop_streams(url, f"ANTESTB{tag}")
+    await delete_nats_streams(url, f"ANTESTB{tag}")
 
 
 def _backend(names: tuple[str, str, str], **options: object) -> NatsBackend:

@@ -15,26 +15,12 @@ import pytest
 from django_anarchon.backends.nats import NatsBackend
 from django_anarchon.testing import BackendContract, BackendFactory
 
-from .broker_support import nats_url
+from .broker_support import delete_nats_streams, nats_url
 
 pytestmark = pytest.mark.nats
 
 #: 50 x 1,000 by default; ANARCHON_BROKER_RACE_ROUNDS overrides it (for a quicker local run).
 RACE_ROUNDS = int(os.environ.get("ANARCHON_BROKER_RACE_ROUNDS", "1000"))
-
-
-async def delete_streams(url: str, prefix: str) -> None:
-    import nats
-
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            name = info.config.name or ""
-            if name.startswith(prefix):
-                await js.delete_stream(name)
-    finally:
-        await nc.close()
 
 
 _TAG_VAR = "ANARCHON_TEST_NATS_TAG"  # inherited by the spawned claimer processes
@@ -57,7 +43,7 @@ def nats_names() -> Iterator[tuple[str, str, str]]:
     os.environ[_TAG_VAR] = tag
     stream_prefix, subject_prefix = _names(tag)
     yield url, stream_prefix, subject_prefix
-    asyncio.run(delete_streams(url, stream_prefix))
+    asyncio.run(delete_nats_streams(url, stream_prefix))
 
 
 class TestNatsContract(BackendContract):

@@ -15,12 +15,12 @@ from django_anarchon.backends.nats import NatsBackend
 
 from .broker_support import (
     can_restart_nats,
+    delete_nats_streams,
     ensure_nats_up,
     nats_url,
     restart_nats,
     schedulers_across_restart,
 )
-from .test_nats_backend import _drop_streams
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
@@ -41,4 +41,4 @@ async def test_schedulers_survive_a_nats_restart() -> None:
         assert all(len(slots) >= 10 for slots in per_job.values()), per_job
     finally:
         await asyncio.to_thread(ensure_nats_up)
-        await _drop_streams(url, f"ANTESTR{tag}")
+        await delete_nats_streams(url, f"ANTESTR{tag}")

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .broker_support import four_workers_each_slot_once, nats_url
-from .test_nats_backend import _drop_streams
+from .broker_support import delete_nats_streams, four_workers_each_slot_once, nats_url
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 
@@ -22,4 +21,4 @@ def test_four_workers_run_each_slot_once(tmp_path: Path) -> None:
             tmp_path, "nats", {"ANARCHON_NATS_URL": url, "ANARCHON_TEST_TAG": tag}
         )
     finally:
-        asyncio.run(_drop_streams(url, f"ANTESTW{tag}"))
+        asyncio.run(delete_nats_streams(url, f"ANTESTW{tag}"))
