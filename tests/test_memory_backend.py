@@ -13,6 +13,7 @@ import math
 import pytest
 
 from django_anarchon.backends.base import (
+    MIN_KEEP_MS,
     ActiveRun,
     Backend,
     ClaimInput,
@@ -114,7 +115,7 @@ def test_is_a_backend_with_leases() -> None:
 
 
 def test_threads_share_one_instance_across_event_loops() -> None:
-    shared = MemoryBackend()
+    shared = MemoryBackend(clock=lambda: T0 + 10_000)  # after every slot: none is early
     job = unique_job("threads")
     slots = [T0 + i for i in range(300)]
     for use_runs in (False, True):
@@ -134,7 +135,7 @@ def test_process_helper_counts_every_winner() -> None:
 
 
 async def test_claim_many() -> None:
-    backend = MemoryBackend()
+    backend = MemoryBackend(clock=lambda: T0 + 10)
     job = unique_job("many")
     answers = await backend.claim_many(
         [
@@ -198,19 +199,73 @@ async def test_lease_expiry_follows_the_store_clock() -> None:
 
 async def test_finished_runs_are_forgotten_after_keep_ms_but_running_ones_never() -> None:
     clock = FakeClock()
+    clock.now = T0 + 1
     runs = MemoryBackend(clock=clock).runs
     job = unique_job("keep")
-    await runs.claim(RunClaim(job, T0, "a", "A", keep_ms=1000, overlap="allow"))
-    await runs.claim(RunClaim(job, T0 + 1, "b", "B", keep_ms=1000, overlap="allow"))
+    await runs.claim(RunClaim(job, T0, "a", "A", keep_ms=20_000, overlap="allow"))
+    await runs.claim(RunClaim(job, T0 + 1, "b", "B", keep_ms=20_000, overlap="allow"))
     assert await runs.finish(job, T0, "a", "success")
-    clock.now += 1000
-    assert await runs.claim(RunClaim(job, T0, "c", "C", keep_ms=1000)) == ClaimOutcome.done()
+    clock.now += 20_000
+    assert await runs.claim(RunClaim(job, T0, "c", "C", keep_ms=20_000)) == ClaimOutcome.done()
     clock.now += 1
-    again = RunClaim(job, T0, "d", "D", keep_ms=1000, overlap="allow")
+    again = RunClaim(job, T0, "d", "D", keep_ms=20_000, overlap="allow")
     assert await runs.claim(again) == ClaimOutcome.won(1)
     clock.now += 3_600_000
     assert await runs.heartbeat(job, T0 + 1, "b", 1000)  # never forgotten while running
     assert await runs.claim(RunClaim(job, T0 + 1, "e", "E")) == ClaimOutcome.running(1)
+
+
+async def test_retention_counts_from_the_slot_when_the_run_finished_before_it() -> None:
+    """Issue 9, item 1: the store's clock stepped back, so the run ended "before" its slot.
+
+    A late claimer of the slot may still arrive until slot + keep_ms: the run must be
+    remembered until then, not only until finished_at + keep_ms.
+    """
+    clock = FakeClock()
+    clock.now = T0
+    runs = MemoryBackend(clock=clock).runs
+    job = unique_job("fromslot")
+    assert await runs.claim(RunClaim(job, T0, "a", "A", keep_ms=20_000)) == ClaimOutcome.won(1)
+    clock.now = T0 - 5_000  # the store's clock steps back 5 s
+    assert await runs.finish(job, T0, "a", "success")
+    clock.now = T0 + 16_000  # finished_at + keep_ms has passed; slot + keep_ms has not
+    late = RunClaim(job, T0, "b", "B", keep_ms=20_000)
+    assert await runs.claim(late) == ClaimOutcome.done()
+    clock.now = T0 + 20_001
+    assert await runs.claim(late) == ClaimOutcome.won(1)
+
+
+async def test_keep_ms_never_shrinks_and_has_a_floor() -> None:
+    """Issue 9, items 3 and 10: a smaller keep_ms never shortens it; 1 ms means the floor."""
+    clock = FakeClock()
+    clock.now = T0
+    runs = MemoryBackend(clock=clock).runs
+    job = unique_job("grow")
+    assert (await runs.claim(RunClaim(job, T0, "a", "A", keep_ms=60_000))).kind == "won"
+    assert await runs.finish(job, T0, "a", "success")
+    shrink = RunClaim(job, T0, "b", "B", keep_ms=MIN_KEEP_MS)
+    assert await runs.claim(shrink) == ClaimOutcome.done()
+    clock.now = T0 + 59_000
+    assert await runs.claim(shrink) == ClaimOutcome.done()
+    tiny = RunClaim(job, T0 + 1, "c", "C", keep_ms=1, max_attempts=2, overlap="allow")
+    clock.now = T0 + 60_000
+    assert await runs.claim(tiny) == ClaimOutcome.won(1)
+    assert await runs.finish(job, T0 + 1, "c", "failed")
+    clock.now += MIN_KEEP_MS - 1
+    retry = RunClaim(job, T0 + 1, "d", "D", keep_ms=1, max_attempts=2, overlap="allow")
+    assert await runs.claim(retry) == ClaimOutcome.won(2)
+
+
+async def test_early_claims_wait_for_the_store_clock() -> None:
+    """Issue 9, item 5: a claim that reaches the store before its slot starts nothing."""
+    clock = FakeClock()
+    clock.now = T0 - 5_000
+    runs = MemoryBackend(clock=clock).runs
+    job = unique_job("earlyclock")
+    assert await runs.claim(RunClaim(job, T0, "a", "A")) == ClaimOutcome.early(5_000)
+    assert await runs.active(job) == []
+    clock.now = T0
+    assert await runs.claim(RunClaim(job, T0, "a", "A")) == ClaimOutcome.won(1)
 
 
 async def test_release_lapses_now_and_late_uses_the_store_clock() -> None:

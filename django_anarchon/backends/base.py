@@ -22,7 +22,12 @@ FinalStatus = Literal["success", "failed", "interrupted"]
 RunReason = Literal["scheduled", "manual", "catch-up", "takeover"]
 OverlapPolicy = Literal["skip", "allow"]
 ClaimMode = Literal["new", "takeover"]
-OutcomeKind = Literal["won", "running", "done", "overlap", "none", "late"]
+OutcomeKind = Literal["won", "running", "done", "overlap", "none", "late", "early"]
+
+#: Every lease store remembers a finished run at least this long, whatever a claim says.
+MIN_KEEP_MS = 10_000
+#: How long a finished run is remembered when no claim said (``keep_ms`` of ``None``).
+DEFAULT_KEEP_MS = 86_400_000
 
 
 def ms_to_datetime(ms: float) -> datetime:
@@ -76,6 +81,7 @@ class ClaimOutcome:
     attempt: int | None = None
     slot: int | None = None
     late_ms: int | None = None
+    wait_ms: int | None = None
 
     @classmethod
     def won(cls, attempt: int) -> ClaimOutcome:
@@ -100,6 +106,11 @@ class ClaimOutcome:
     @classmethod
     def late(cls, late_ms: int) -> ClaimOutcome:
         return cls("late", late_ms=late_ms)
+
+    @classmethod
+    def early(cls, wait_ms: int) -> ClaimOutcome:
+        """The slot has not come yet by the store's clock: claim again in ``wait_ms``."""
+        return cls("early", wait_ms=max(int(wait_ms), 1))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -329,6 +340,21 @@ class BaseBackend(abc.ABC):
     def describe(self) -> str:
         """A one-line description for banners and the admin (never a password)."""
         return self.name
+
+
+def kept_ms(keep_ms: int | None) -> int:
+    """How long a store keeps a finished run whose largest claimed ``keep_ms`` is this."""
+    return max(DEFAULT_KEEP_MS if keep_ms is None else keep_ms, MIN_KEEP_MS)
+
+
+def forget_after_ms(slot: int, finished_at: int, keep_ms: int | None) -> int:
+    """The store instant after which a finished run may be forgotten.
+
+    Counted from the later of its slot and its finish: a run that finished "before" its
+    slot (the store's clock stepped back) is still remembered for the whole window in
+    which a late claimer of that slot may arrive.
+    """
+    return max(finished_at, slot) + kept_ms(keep_ms)
 
 
 def supports_leases(backend: Backend | BaseBackend) -> bool:

@@ -29,6 +29,7 @@ from .base import (
     RunRecord,
     StoredResult,
     build_history,
+    forget_after_ms,
 )
 
 __all__ = ["MemoryBackend", "MemoryRunStore"]
@@ -55,6 +56,8 @@ class _Run:
     started_at: int
     finished_at: int | None = None
     keep_ms: int | None = None
+    #: The largest ``max_attempts`` any claim of this run carried.
+    max_attempts: int = 1
 
 
 class _History:
@@ -141,7 +144,14 @@ class MemoryRunStore:
         with self._state.lock:
             run = self._mine(job, slot, token)
             if run is None:
-                return False
+                # The same finish again (its first reply was lost) still succeeded.
+                done = self._state.runs.get(job, {}).get(slot)
+                return (
+                    done is not None
+                    and done.state == "finished"
+                    and done.token == token
+                    and done.status == status
+                )
             run.state = "finished"
             run.status = status
             run.finished_at = self._state.now()
@@ -178,9 +188,8 @@ class MemoryRunStore:
             slot
             for slot, run in runs.items()
             if run.state == "finished"
-            and run.keep_ms is not None
             and run.finished_at is not None
-            and run.finished_at + run.keep_ms < now
+            and now > forget_after_ms(slot, run.finished_at, run.keep_ms)
         ]
         for slot in expired:
             del runs[slot]
@@ -193,7 +202,8 @@ class MemoryRunStore:
         run = runs.get(c.slot)
         if run is not None:
             if c.keep_ms is not None:
-                run.keep_ms = c.keep_ms
+                run.keep_ms = max(run.keep_ms or 0, c.keep_ms)  # never shrinks
+            run.max_attempts = max(run.max_attempts, c.max_attempts)
             if run.state == "running":
                 if run.token == c.token:
                     run.lease_until = now + c.lease_ms
@@ -216,8 +226,11 @@ class MemoryRunStore:
             return ClaimOutcome.done()
         if c.mode == "takeover":
             return ClaimOutcome.none()
+        if now < c.slot:
+            return ClaimOutcome.early(c.slot - now)
         if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
             return ClaimOutcome.late(now - c.slot)
+        self._sweep(c.job, runs, now)
         if c.overlap == "skip":
             busy = [
                 slot
@@ -236,6 +249,7 @@ class MemoryRunStore:
             reason=c.reason,
             started_at=now,
             keep_ms=c.keep_ms,
+            max_attempts=c.max_attempts,
         )
         runs[c.slot] = run
         self._start(c, run, 1, c.reason, now)
@@ -255,6 +269,15 @@ class MemoryRunStore:
         self._state.job_history(c.job).claims[(c.slot, c.instance_id, attempt, False)] = (
             ClaimRecord(slot=c.slot, by=c.instance_id, at=now, attempt=attempt, reason=reason)
         )
+
+    def _sweep(self, job: str, runs: dict[int, _Run], now: int) -> None:
+        """End the lapsed runs whose attempts are used up: nobody may take them over."""
+        for slot, run in runs.items():
+            if run.state == "running" and run.lease_until <= now and (
+                run.attempt >= run.max_attempts
+            ):
+                self._interrupt(job, slot, run, now, "lease lapsed; attempts used up")
+                run.state, run.status, run.finished_at = "finished", "interrupted", now
 
     def _interrupt(self, job: str, slot: int, run: _Run, now: int, error: str) -> None:
         """Record the superseded attempt as interrupted, unless its runner saved a result."""

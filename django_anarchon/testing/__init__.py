@@ -1,0 +1,178 @@
+"""The backend contract suite: how to prove that a backend runs each slot exactly once.
+
+Writing a backend
+=================
+A backend is a class with the async methods of ``django_anarchon.backends.base.Backend``;
+``BaseBackend`` is a convenient base (``OPTIONS`` from settings reach its constructor as
+keyword arguments). What each method owes the engine:
+
+``claim(input)``
+    ``True`` for exactly one instance per (``input.job``, ``input.slot``), decided in ONE
+    atomic step on the store (insert with a unique key, put-if-absent, a server-side
+    script or transaction). Checking first and writing second, in two calls, lets two
+    instances win. Store ``input.token`` with the claim: the same token again must answer
+    ``True`` (clients retry after a dropped connection), any other token ``False``.
+``dedupe_window_ms``
+    How long the store remembers a claim; ``math.inf`` if forever. The engine refuses a
+    job whose ``jitter + max_late`` is not shorter. Override ``check_job`` to refuse
+    other jobs your store cannot run safely (raise ``ConfigurationError``).
+``record_manual_run(input)``
+    Record a ``run_now()`` run as running, never deduplicated. If the slot already has
+    a manual run, store it under a free slot and return that slot (else ``None``).
+``save_result(job, result, history_size, history_ttl_ms)``, ``history(job, limit)``
+    Keep attempts (pruned in the store to ``history_size`` per job and to
+    ``history_ttl_ms``) and return them newest first from every instance. Build the
+    records with ``build_history`` so new fields reach you without changes. If ``claim()``
+    does not itself leave a history record, also offer ``record_claim(input)``: the
+    engine calls it after a won claim.
+``init()``, ``prepare_job(job, history_size)``, ``close()``
+    Connect (idempotently), set up per-job structures, and close only what you opened.
+``claim_many(inputs)`` (optional)
+    Decide many claims in one round trip; the engine uses it for claims due together.
+
+A store that can keep leases also offers ``backend.runs``, a ``RunStore`` following the
+lease rules of the specification (section 5), every method atomic and timed by the
+STORE's clock so that instances with skewed clocks agree. A runner whose token was
+replaced must be refused by ``heartbeat``, ``finish`` and ``release``: that is the fencing.
+
+Errors you raise reach the user unchanged. What you store is versioned by you: during a
+rolling deploy two releases share one store.
+
+Testing it
+==========
+Subclass ``BackendContract`` in a test module and give it a ``make_backend`` fixture that
+returns a zero-argument factory. Each call of the factory must build a NEW backend
+instance (a new client or connection) that talks to the SAME store; the factory may be
+a plain function or an ``async`` one, and must not return a client bound to another
+event loop::
+
+    import pytest
+    from django_anarchon.testing import BackendContract
+    from myproject.backends import KeyValueBackend
+
+    class TestKeyValueBackend(BackendContract):
+        race_claimers = 50     # concurrent claimers of one slot (built-ins: at least 50)
+        race_rounds = 1000     # rounds, each on a new slot (built-ins: at least 1,000)
+
+        @pytest.fixture
+        def make_backend(self):
+            return lambda: KeyValueBackend(url="kv://127.0.0.1:7000")
+
+A store kept in one process may return the same instance every time (``MemoryBackend``
+does); ``close()`` is then called once.
+
+The suite checks:
+
+* the race: ``race_claimers`` claimers of one slot, ``race_rounds`` times, exactly one
+  winner each time, through ``claim()`` and, on lease stores, through ``runs.claim()``
+  (whose losers must hear ``running(1)``); the same for ``claim_many`` when offered,
+  over ``race_many_jobs`` jobs due at once for ``race_many_rounds`` rounds;
+* repeat safety: the same token wins again, another token loses; jobs and slots are
+  independent; an unknown job has no history;
+* history: a claim plus ``save_result()`` comes back as one record with the right job,
+  slot, instance, attempt, status, error, duration and times; newest first across
+  instances; pruned by ``history_size`` and ``history_ttl``; manual runs appear with
+  ``manual=True`` and reason ``manual``, and two of one slot both appear;
+* every lease rule, only when ``backend.runs`` is not ``None``: won, running, the same
+  claim again, done after success, retries while attempts remain (keeping the claim's
+  reason), done when used up, none for a takeover of an unknown run, late, overlap
+  (``skip`` and ``allow``; a lapsed lease does not block), takeover after a lapse (attempt
+  2 with reason ``takeover``, attempt 1 ``interrupted`` with an error), a lapse with the
+  attempts used up (done, ``interrupted``), fencing of stale tokens, renewal of a lapsed
+  lease nobody took, ``release`` handing over at once, ``active()``, ``keep_ms``;
+  and what SPEC section 9 added: ``early`` for a new run before its slot (nothing
+  written), a repeated ``finish`` with the same token and status is ``True``, the
+  ``keep_ms`` floor (``MIN_KEEP_MS``), a ``keep_ms`` that never shrinks, and the sweep that
+  ends a lapsed run whose attempts are used up;
+* the race through ONE shared backend object (``race_shared_rounds`` rounds): a backend
+  must be safe for concurrent use by the coroutines of one loop.
+
+The suite is a package whose modules follow the contract's parts: ``race``, ``claims``
+(repeat safety), ``history`` and ``leases``; ``BackendContract`` combines them.
+
+How the suite behaves, so that it can run against a shared real server:
+
+* Every test uses job names made unique with a UUID (only ``[a-z0-9-]``), so runs
+  never collide with other test runs or with real data on the same server.
+* Every test runs in its own event loop (``asyncio.run``), builds its backends inside
+  that loop, and closes every backend it built before the loop ends; a client bound
+  to one loop is never used from another. Tests are plain functions: no pytest-asyncio
+  configuration is needed.
+* Lease timing never assumes the test's clock equals the store's: leases are short
+  (``lease_ms``, 400 ms) and the suite waits on ``runs.active()`` with a deadline
+  (``wait_timeout``) instead of sleeping a fixed time. Slots are near the test's clock;
+  "late" and the history ttl use an hour of margin.
+
+Tuning, as class attributes:
+
+``race_claimers``, ``race_rounds``
+    The race's size. A remote store pays a round trip per claim, so keep the product
+    affordable; the built-in backends run at least 50 x 1,000.
+``race_clients``
+    How many backend instances the claimers are spread over (default: one each).
+``race_many_jobs``, ``race_many_rounds``
+    The size of the ``claim_many`` races (20 x 20).
+``race_shared_rounds``
+    Rounds of the race through one shared backend object (200).
+``race_threads``
+    ``True`` runs each claimer in its own thread, with its own backend instance and
+    event loop, a barrier starting every round. Use it when concurrent coroutines on
+    one loop are not concurrent on the store, for example a backend that calls a
+    blocking client through ``sync_to_async(thread_sensitive=True)``, which funnels
+    every call through one thread.
+``process_factory``, ``process_claimers`` (4), ``process_rounds`` (20)
+    A ``"package.module:callable"`` path that builds a backend in a fresh, ``spawn``ed
+    process. When set, the race also runs across OS processes. The callable must do
+    everything the process needs (``django.setup()`` with the same test database, for
+    a backend that uses Django)::
+
+        def kv_factory():
+            return KeyValueBackend(url="kv://127.0.0.1:7000")
+
+        class TestKeyValueBackend(BackendContract):
+            process_factory = "tests.test_kv:kv_factory"
+``supports_leases``
+    ``None`` (default) detects a ``RunStore`` from ``backend.runs`` and skips the lease
+    tests without one; ``False`` leaves them out of the class altogether.
+``supports_claim_many``
+    ``None`` (default) detects ``claim_many``; ``False`` leaves its races out.
+
+Tests that cannot apply are not collected: the lease tests with ``supports_leases =
+False``, the ``claim_many`` races with ``supports_claim_many = False``, and the race
+across OS processes without a ``process_factory``.
+``lease_ms``, ``wait_timeout``
+    The short lease of the timing tests, and how long to wait for it to lapse (seconds).
+
+A database backend needs database access in its tests, and its threads must see
+committed rows: mark the subclass ``pytestmark = pytest.mark.django_db(transaction=True)``.
+
+The helpers are public for tests of your own: ``count_winners`` (how many answers won),
+``assert_one_winner_each`` (fails naming the bad rounds), ``race_in_threads`` and
+``race_in_processes`` (winners of each round), ``unique_job``.
+"""
+
+from __future__ import annotations
+
+from ._base import AnyBackend, BackendFactory, assert_one_winner_each, count_winners, unique_job
+from .claims import RepeatSafetyTests
+from .history import HistoryTests
+from .leases import LeaseTests
+from .race import RaceTests, race_in_processes, race_in_threads
+
+__all__ = [
+    "AnyBackend",
+    "BackendContract",
+    "BackendFactory",
+    "assert_one_winner_each",
+    "count_winners",
+    "race_in_processes",
+    "race_in_threads",
+    "unique_job",
+]
+
+
+class BackendContract(RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests):
+    """The contract every backend must pass; subclass it with a ``make_backend`` fixture.
+
+    See the package docstring for the how-to and the tuning attributes.
+    """
