@@ -320,7 +320,8 @@ class CountingClaimOnlyBackend(ClaimOnlyMemoryBackend):
 
 async def _claims_due_together(backend: MemoryBackend, batches: list[int]) -> None:
     calls = Calls()
-    schedulers = [Scheduler(backend, instance_id=i) for i in "AB"]
+    # Threads for all thirty: a full pool would claim the rest later, alone (back-pressure).
+    schedulers = [Scheduler(backend, instance_id=i, threads=40) for i in "AB"]
     extra = {"overlap": "allow"} if backend.runs is not None else {}  # see _exactly_once
     for s in schedulers:
         for i in range(30):

@@ -16,7 +16,7 @@ import random
 import secrets
 import socket
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, TypeVar, overload
 
 from asgiref.sync import async_to_sync
@@ -25,10 +25,7 @@ from ..backends.base import (
     Backend,
     BaseBackend,
     ClaimInput,
-    ClaimOutcome,
     JobInfo,
-    RunClaim,
-    RunReason,
     RunRecord,
     ms_to_datetime,
 )
@@ -47,6 +44,7 @@ from ..jobs import (
     validate_options,
 )
 from ..retry import retry_store_call
+from .claims import ClaimFlows, new_token
 from .events import Callback, Event, EventName, EventRegistry
 from .pool import DaemonThreadPool
 from .runner import UNSET, Attempt, Runner, error_text
@@ -59,8 +57,8 @@ logger = logging.getLogger("django_anarchon")
 T = TypeVar("T")
 H = TypeVar("H", bound=Callable[..., Any])
 
-#: Most claims sent in one ``claim_many`` call.
-CLAIM_MANY_CHUNK = 1000
+#: Longest pause between two tries of a store that does not answer at start.
+START_RETRY_MAX_S = 5.0
 
 
 class JobSpecLike(Protocol):
@@ -83,10 +81,6 @@ class _JobState:
     job: Job
     #: The slot the timer is set for (``None``: nothing more to run).
     next_slot: int | None = None
-
-
-def _new_token() -> str:
-    return secrets.token_hex(16)
 
 
 def _origin(handler: object) -> str:
@@ -163,10 +157,8 @@ class Scheduler:
         self._stopped: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._attempts: set[Attempt] = set()
-        self._watching: set[tuple[str, int]] = set()  # (job, slot) runs this instance watches
         self._initialized = False
-        self._batch: list[tuple[Job, int]] = []
-        self._batch_pending = False
+        self._claims = ClaimFlows(self)
 
     # -- configuration helpers ------------------------------------------------------
 
@@ -482,24 +474,29 @@ class Scheduler:
             self._initialized = True
 
     async def start(self) -> None:
-        """Initialise the backend and the jobs, catch up missed runs, start the timer."""
+        """Initialise the backend and the jobs, catch up missed runs, start the timer.
+
+        A store that does not answer is retried with backoff until it does, or until
+        :meth:`request_stop` (a signal) or cancellation ends the wait: then the scheduler
+        does not start.
+        """
         if self._running:
             return
-        await self.backend.init()
-        self._initialized = True
-        for state in list(self._jobs.values()):
-            await self.backend.prepare_job(state.job.name, state.job.options.history_size)
         self._loop = asyncio.get_running_loop()
         self._stopping = False
         self._stop_event = asyncio.Event()
         self._stopped = None
-        self._batch, self._batch_pending = [], False
+        if not await self._connect():
+            logger.info("scheduler %s: stop requested before the store answered", self.name)
+            self._loop = None
+            return
+        self._claims.reset()
         self._timer = Timer(self._fire, label=f"scheduler {self.name}")
         self._running = True
         now = now_ms()
         for state in list(self._jobs.values()):
             self._arm(state, now, initial=True)
-            self._catch_up(state.job, now)
+            self._claims.catch_up(state.job, now)
         self._timer.start()
         logger.info(
             "scheduler %s started: instance %s, backend %s, %s job(s)",
@@ -509,10 +506,41 @@ class Scheduler:
             len(self._jobs),
         )
 
+    async def _connect(self) -> bool:
+        """``init()`` and every job's ``prepare_job()``, retried until done; ``False`` if stopped."""
+        event = self._stop_event
+        assert event is not None
+        stop_requested = event.is_set
+        try:
+            await retry_store_call(
+                f"scheduler {self.name}: init of the {self.backend.name} backend",
+                self.backend.init,
+                give_up=stop_requested,
+                max_delay_s=START_RETRY_MAX_S,
+            )
+            self._initialized = True
+            for state in list(self._jobs.values()):
+                job = state.job
+                await retry_store_call(
+                    f"scheduler {self.name}: prepare_job {job.name}",
+                    lambda job=job: self.backend.prepare_job(  # type: ignore[misc]
+                        job.name, job.options.history_size
+                    ),
+                    give_up=stop_requested,
+                    max_delay_s=START_RETRY_MAX_S,
+                )
+        except Exception:
+            if stop_requested():
+                return False
+            raise
+        return not stop_requested()
+
     async def stop(self, grace: object = "30s") -> None:
         """Stop claiming; give running handlers ``grace`` to end, then hand their runs over."""
         grace_ms = self._duration(grace, "grace")
         if not self._running:
+            if self._stop_event is not None:
+                self._stop_event.set()  # a start() still waiting for the store gives up
             return
         if self._stopped is not None:
             await asyncio.shield(self._stopped)
@@ -662,88 +690,7 @@ class Scheduler:
                 self._emit("error", state.job, slot, error=error_text(exc), reason="schedule"),
                 f"error {name}",
             )
-        # The timer fires everything due in one pass; claims due together go out together.
-        self._batch.append((state.job, slot))
-        if not self._batch_pending:
-            self._batch_pending = True
-            assert self._loop is not None
-            self._loop.call_soon(self._flush_batch)
-
-    def _flush_batch(self) -> None:
-        self._batch_pending = False
-        batch, self._batch = self._batch, []
-        if self._stopping:
-            return
-        target = self.backend if self.backend.runs is None else self.backend.runs
-        if len(batch) < 2 or not callable(getattr(target, "claim_many", None)):
-            for job, slot in batch:
-                self._spawn(self._slot_flow(job, slot), f"{job.name}@{slot}")
-            return
-        for start in range(0, len(batch), CLAIM_MANY_CHUNK):
-            chunk = batch[start : start + CLAIM_MANY_CHUNK]
-            self._spawn(self._claim_batch(chunk), f"{len(chunk)} claims")
-
-    async def _claim_batch(self, batch: list[tuple[Job, int]]) -> None:
-        """Claim several due slots in one round trip (``claim_many``), then follow each."""
-        now = now_ms()
-        live: list[tuple[Job, int]] = []
-        for job, slot in batch:
-            if now > slot + job.options.max_late_ms:
-                await self._emit("skip", job, slot, reason="late")
-            else:
-                live.append((job, slot))
-        if not live:
-            return
-        deadline = min(slot + job.options.max_late_ms for job, slot in live)
-        what = f"scheduler {self.name} ({self.instance_id}): claim_many of {len(live)} slot(s)"
-        runs = self.backend.runs
-        if runs is not None:
-            claims = [
-                self._run_claim(job, slot, "scheduled", job.options.max_late_ms)
-                for job, slot in live
-            ]
-            try:
-                outcomes: list[ClaimOutcome] | None = await retry_store_call(
-                    what,
-                    lambda: runs.claim_many(claims),  # type: ignore[attr-defined]
-                    deadline_ms=deadline,
-                    give_up=lambda: self._stopping,
-                )
-            except Exception:
-                outcomes = None  # logged; each claim goes on alone with the same token
-            if outcomes is not None and len(outcomes) != len(claims):
-                logger.error("%s: %s answers for %s claims", what, len(outcomes), len(claims))
-                outcomes = None
-            for i, (job, slot) in enumerate(live):
-                self._spawn(
-                    self._lease_claim(
-                        job,
-                        claims[i],
-                        slot + job.options.max_late_ms,
-                        None if outcomes is None else outcomes[i],
-                    ),
-                    f"{job.name}@{slot}",
-                )
-            return
-        inputs = [self._claim_input(job, slot) for job, slot in live]
-        try:
-            won: list[bool] | None = await retry_store_call(
-                what,
-                lambda: self.backend.claim_many(inputs),  # type: ignore[union-attr]
-                deadline_ms=deadline,
-                give_up=lambda: self._stopping,
-            )
-        except Exception:
-            won = None
-        if won is not None and len(won) != len(inputs):
-            logger.error("%s: %s answers for %s claims", what, len(won), len(inputs))
-            won = None
-        for i, (job, slot) in enumerate(live):
-            if won is None or won[i]:
-                self._spawn(
-                    self._claim_only(job, slot, inputs[i], None if won is None else True),
-                    f"{job.name}@{slot}",
-                )
+        self._claims.due(state.job, slot)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], label: str) -> None:
         assert self._loop is not None
@@ -760,255 +707,45 @@ class Scheduler:
             logger.exception("scheduler %s: %s failed; the scheduler goes on", self.name, label)
             await self._emit("error", error=error_text(exc), reason=label)
 
-    async def _slot_flow(self, job: Job, slot: int) -> None:
-        if self._stopping:
-            return
-        if now_ms() > slot + job.options.max_late_ms:
-            await self._emit("skip", job, slot, reason="late")
-            return
-        if self.backend.runs is None:
-            await self._claim_only(job, slot)
-        else:
-            claim = self._run_claim(job, slot, "scheduled", job.options.max_late_ms)
-            await self._lease_claim(job, claim, slot + job.options.max_late_ms)
+    # -- what the claim flows need (engine/claims.py) ----------------------------------
 
-    def _catch_up(self, job: Job, now: int) -> None:
-        options = job.options
-        if self.backend.runs is None or options.catch_up_ms <= 0:
-            return
-        slot = job.schedule.latest_at_or_before(now)
-        if slot is None or now <= slot + options.max_late_ms or now - slot > options.catch_up_ms:
-            return
-        claim = self._run_claim(job, slot, "catch-up", None)
-        self._spawn(
-            self._lease_claim(job, claim, now + self.lease_ms), f"catch-up {job.name}@{slot}"
-        )
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
-    # -- claims -----------------------------------------------------------------------
+    def spawn(self, coro: Coroutine[Any, Any, None], label: str) -> None:
+        self._spawn(coro, label)
 
-    def _run_claim(
-        self, job: Job, slot: int, reason: RunReason, max_late_ms: int | None
-    ) -> RunClaim:
-        o = job.options
-        return RunClaim(
-            job=job.name,
-            slot=slot,
-            token=_new_token(),
-            instance_id=self.instance_id,
-            history_size=o.history_size,
-            history_ttl_ms=o.history_ttl_ms,
-            mode="new",
-            reason=reason,
-            lease_ms=self.lease_ms,
-            overlap=o.overlap,
-            max_attempts=o.max_attempts,
-            max_late_ms=max_late_ms,
-            keep_ms=o.keep_ms,
-        )
-
-    def _claim_input(self, job: Job, slot: int) -> ClaimInput:
-        return ClaimInput(
-            job=job.name,
-            slot=slot,
-            token=_new_token(),
-            instance_id=self.instance_id,
-            history_size=job.options.history_size,
-            history_ttl_ms=job.options.history_ttl_ms,
-        )
-
-    async def _claim_only(
-        self, job: Job, slot: int, claim: ClaimInput | None = None, won: bool | None = None
-    ) -> None:
-        """Claim on a store without leases (unless ``won`` is known) and run on a win."""
-        claim = claim or self._claim_input(job, slot)
-        what = f"scheduler {self.name} ({self.instance_id}): claim of job {job.name} slot {slot}"
-        if won is None:
-            try:
-                won = await retry_store_call(
-                    what,
-                    lambda: self.backend.claim(claim),
-                    deadline_ms=slot + job.options.max_late_ms,
-                    give_up=lambda: self._stopping,
-                )
-            except Exception as exc:
-                await self._emit("error", job, slot, error=error_text(exc), reason="claim")
-                if not self._stopping:
-                    await self._emit("skip", job, slot, reason="late")
-                return
-        if not won:
-            return
-        record_claim = getattr(self.backend, "record_claim", None)
-        if callable(record_claim):
-            try:
-                await retry_store_call(
-                    f"{what}: record_claim",
-                    lambda: record_claim(claim),
-                    deadline_ms=now_ms() + 30_000,
-                )
-            except Exception as exc:
-                await self._emit("error", job, slot, error=error_text(exc), reason="record_claim")
-        await self._run(
-            Attempt(job=job, slot=slot, attempt=1, reason="scheduled", token=claim.token)
-        )
-
-    async def _send_claim(self, claim: RunClaim, deadline_ms: int) -> ClaimOutcome | None:
-        runs = self.backend.runs
-        assert runs is not None
-        what = (
-            f"scheduler {self.name} ({self.instance_id}): {claim.mode} claim of job {claim.job} "
-            f"slot {claim.slot}"
-        )
-        try:
-            outcome = await retry_store_call(
-                what,
-                lambda: runs.claim(claim),
-                deadline_ms=deadline_ms,
-                give_up=lambda: self._stopping,
-            )
-            logger.debug("%s -> %s", what, outcome)
-            return outcome
-        except Exception as exc:
-            await self._emit(
-                "error",
-                self._jobs[claim.job].job if claim.job in self._jobs else None,
-                claim.slot,
-                error=error_text(exc),
-                reason="claim",
-            )
-            return None
-
-    async def _lease_claim(
+    async def emit_event(
         self,
-        job: Job,
-        claim: RunClaim,
-        deadline_ms: int,
-        outcome: ClaimOutcome | None = None,
+        name: EventName,
+        job: Job | None = None,
+        slot: int | None = None,
+        error: str | None = None,
+        reason: str | None = None,
     ) -> None:
-        """Claim on a lease store (unless answered already) and follow the answer."""
-        if outcome is None:
-            outcome = await self._send_claim(claim, deadline_ms)
-        if outcome is None:
-            if not self._stopping:
-                await self._emit("skip", job, claim.slot, reason="late")
-            return
-        while True:
-            kind = outcome.kind
-            if kind == "won":
-                attempt = Attempt(
-                    job=job,
-                    slot=claim.slot,
-                    attempt=outcome.attempt or 1,
-                    reason=claim.reason if claim.mode == "new" else "takeover",
-                    token=claim.token,
-                    lease=True,
-                )
-                if self._stopping:
-                    await self._hand_back(attempt)
-                    return
-                record = await self._run(attempt)
-                if (
-                    record.status == "success"
-                    or attempt.lost
-                    or self._stopping
-                    or attempt.attempt >= job.options.max_attempts
-                ):
-                    return
-                claim = replace(claim, token=_new_token(), mode="new")  # a retry
-                next_outcome = await self._send_claim(claim, now_ms() + self.lease_ms)
-            elif kind == "running":
-                if (outcome.attempt or 1) >= job.options.max_attempts:
-                    return  # no attempt left to take over: nothing to watch for
-                key = (job.name, claim.slot)
-                if key in self._watching:
-                    return  # another task of this instance keeps an eye on it already
-                self._watching.add(key)
-                try:
-                    watched = await self._watch(job, claim)
-                finally:
-                    self._watching.discard(key)
-                if watched is None:
-                    return
-                claim, next_outcome = watched
-            elif kind == "overlap":
-                await self._emit("skip", job, claim.slot, reason="overlap")
-                blocker = outcome.slot
-                if (
-                    blocker is None
-                    or job.options.max_attempts < 2
-                    or any(a.job.name == job.name and a.slot == blocker for a in self._attempts)
-                ):
-                    return
-                # The run in the way is another instance's: watch it like a loser told
-                # "running" would, so that a backup that started after its slot still
-                # takes it over if its runner goes away.
-                claim = replace(claim, slot=blocker, token=_new_token(), reason="scheduled")
-                next_outcome = ClaimOutcome.running(1)
-            elif kind == "late":
-                await self._emit("skip", job, claim.slot, reason="late")
-                return
-            else:  # done, none, and kinds this version does not know
-                return
-            if next_outcome is None:
-                return
-            outcome = next_outcome
+        await self._emit(name, job, slot, error=error, reason=reason)
 
-    async def _watch(self, job: Job, claim: RunClaim) -> tuple[RunClaim, ClaimOutcome] | None:
-        """Keep an eye on another instance's run; take it over once its lease lapses."""
-        runs = self.backend.runs
-        assert runs is not None and self._stop_event is not None
-        while not self._stopping:
-            try:
-                async with asyncio.timeout(self.heartbeat_ms / 1000):
-                    await self._stop_event.wait()
-                return None
-            except TimeoutError:
-                pass
-            try:
-                active = await runs.active(job.name)
-            except Exception as exc:
-                logger.warning(
-                    "scheduler %s: active(%s) failed while watching slot %s: %r",
-                    self.name,
-                    job.name,
-                    claim.slot,
-                    exc,
-                )
-                continue
-            if any(run.slot == claim.slot and run.alive for run in active):
-                continue
-            takeover = replace(
-                claim, token=_new_token(), mode="takeover", reason="takeover", max_late_ms=None
-            )
-            outcome = await self._send_claim(takeover, now_ms() + self.lease_ms)
-            if outcome is None:
-                continue
-            if outcome.kind == "running":
-                if (outcome.attempt or 1) >= job.options.max_attempts:
-                    return None
-                continue
-            return takeover, outcome
-        return None
-
-    async def _hand_back(self, attempt: Attempt) -> None:
-        """A claim won while stopping: release it so a backup runs it at once."""
-        runs = self.backend.runs
-        assert runs is not None and attempt.token is not None
-        token = attempt.token
+    async def wait_stopping(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking when the scheduler stops; ``True`` if it did."""
+        event = self._stop_event
+        assert event is not None
         try:
-            await runs.release(attempt.job.name, attempt.slot, token)
-        except Exception as exc:
-            logger.warning(
-                "scheduler %s: release of job %s slot %s failed: %r",
-                self.name,
-                attempt.job.name,
-                attempt.slot,
-                exc,
-            )
+            async with asyncio.timeout(seconds):
+                await event.wait()
+        except TimeoutError:
+            pass
+        return self._stopping
 
-    async def _run(self, attempt: Attempt) -> RunRecord:
+    def runs_here(self, job: str, slot: int) -> bool:
+        return any(a.job.name == job and a.slot == slot for a in list(self._attempts))
+
+    async def run_attempt(self, attempt: Attempt) -> RunRecord:
+        """Run an attempt here; a sync one holds a unit of the pool's capacity meanwhile."""
         self._attempts.add(attempt)
         try:
-            return await self._runner.run(attempt)
+            with self._claims.capacity.holding(0 if attempt.job.is_async else 1):
+                return await self._runner.run(attempt)
         finally:
             self._attempts.discard(attempt)
 
@@ -1022,7 +759,7 @@ class Scheduler:
         claim = ClaimInput(
             job=job.name,
             slot=now_ms(),
-            token=_new_token(),
+            token=new_token(),
             instance_id=self.instance_id,
             history_size=o.history_size,
             history_ttl_ms=o.history_ttl_ms,
@@ -1044,7 +781,7 @@ class Scheduler:
         )
         if self._stopping:
             attempt.abort("stop")
-        return await self._run(attempt)
+        return await self.run_attempt(attempt)
 
     def run_now(self, name: str, data: Any = None) -> RunRecord:
         """Sync twin of :meth:`arun_now`."""

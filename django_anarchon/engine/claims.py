@@ -1,0 +1,513 @@
+"""The claim flows: from a due slot to a won attempt, on every kind of store.
+
+``Scheduler`` owns the jobs, the timer and the lifecycle; this module owns what happens
+between "a slot fell due" and "an attempt runs here": the claim-only flow, the lease
+flow and the answers it follows (won, running, overlap, late, early, done), watching
+another instance's run and taking it over, catch-up at start, claims batched with
+``claim_many``, the hand-back of a claim won while stopping, and back-pressure (an
+instance claims only what its handler pool can start now).
+
+Every lateness, lease and catch-up decision is the store's: claims carry ``max_late_ms``
+and the store answers ``late`` or ``early`` on its own clock. The worker's clock only
+chooses when to ask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..backends.base import ClaimInput, ClaimOutcome, RunClaim, RunReason
+from ..jobs import Job
+from ..retry import retry_store_call
+from .runner import Attempt, error_text
+from .timer import now_ms
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+__all__ = ["CLAIM_MANY_CHUNK", "Capacity", "ClaimFlows"]
+
+logger = logging.getLogger("django_anarchon")
+
+#: Most claims sent in one ``claim_many`` call.
+CLAIM_MANY_CHUNK = 1000
+#: An instance whose pool is full waits this long per queued run before it claims anyway,
+#: so that instances with free threads win first...
+BACKLOG_DELAY_MS = 100
+#: ...but never longer than this fraction of the job's ``max_late``.
+BACKLOG_MAX_SHARE = 0.5
+#: Longest single wait on an ``early`` answer before asking again.
+EARLY_WAIT_CAP_MS = 30_000
+
+
+def new_token() -> str:
+    return secrets.token_hex(16)
+
+
+class Capacity:
+    """How many sync handlers this instance can start now: its pool's free threads.
+
+    A unit is held by each sync attempt running here and by each sync claim waiting for
+    its answer, so an instance whose pool is full claims later than idle ones, and they
+    win the slot (back-pressure).
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.used = 0
+        self._freed = asyncio.Event()
+
+    @property
+    def free(self) -> int:
+        return self.threads - self.used
+
+    @property
+    def backlog(self) -> int:
+        """How many runs this instance would have waiting for a thread with one more."""
+        return max(self.used + 1 - self.threads, 0)
+
+    def take(self, n: int = 1) -> None:
+        self.used += n
+
+    def give(self, n: int = 1) -> None:
+        self.used = max(self.used - n, 0)
+        self._freed.set()
+
+    @contextlib.contextmanager
+    def holding(self, n: int = 1) -> Iterator[None]:
+        self.take(n)
+        try:
+            yield
+        finally:
+            self.give(n)
+
+    async def admit(self, limit_ms: float) -> None:
+        """Wait until a thread is free, at most ``limit_ms`` (the caller then claims anyway)."""
+        if not self.backlog or limit_ms <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_ms / 1000
+        while self.backlog and (left := deadline - loop.time()) > 0:
+            self._freed.clear()
+            try:
+                async with asyncio.timeout(left):
+                    await self._freed.wait()
+            except TimeoutError:
+                return
+
+
+class ClaimFlows:
+    """The claim flows of one scheduler (its host)."""
+
+    def __init__(self, host: Scheduler) -> None:
+        self.host = host
+        self.capacity = Capacity(host.threads)
+        #: (job, slot) runs of other instances that a task of this one watches.
+        self.watching: set[tuple[str, int]] = set()
+        self._batch: list[tuple[Job, int]] = []
+        self._batch_pending = False
+
+    def reset(self) -> None:
+        self.capacity = Capacity(self.host.threads)
+        self.watching.clear()
+        self._batch, self._batch_pending = [], False
+
+    # -- building claims --------------------------------------------------------------
+
+    def run_claim(
+        self, job: Job, slot: int, reason: RunReason, max_late_ms: int | None
+    ) -> RunClaim:
+        o = job.options
+        return RunClaim(
+            job=job.name,
+            slot=slot,
+            token=new_token(),
+            instance_id=self.host.instance_id,
+            history_size=o.history_size,
+            history_ttl_ms=o.history_ttl_ms,
+            mode="new",
+            reason=reason,
+            lease_ms=self.host.lease_ms,
+            overlap=o.overlap,
+            max_attempts=o.max_attempts,
+            max_late_ms=max_late_ms,
+            keep_ms=o.keep_ms,
+        )
+
+    def claim_input(self, job: Job, slot: int) -> ClaimInput:
+        return ClaimInput(
+            job=job.name,
+            slot=slot,
+            token=new_token(),
+            instance_id=self.host.instance_id,
+            history_size=job.options.history_size,
+            history_ttl_ms=job.options.history_ttl_ms,
+        )
+
+    # -- due slots --------------------------------------------------------------------
+
+    def due(self, job: Job, slot: int) -> None:
+        """A slot fell due (the timer fired): claims due together go out together."""
+        self._batch.append((job, slot))
+        if not self._batch_pending:
+            self._batch_pending = True
+            asyncio.get_running_loop().call_soon(self._flush_batch)
+
+    def _flush_batch(self) -> None:
+        host = self.host
+        self._batch_pending = False
+        batch, self._batch = self._batch, []
+        if host.stopping:
+            return
+        target = host.backend if host.backend.runs is None else host.backend.runs
+        many = callable(getattr(target, "claim_many", None))
+        free = self.capacity.free
+        together: list[tuple[Job, int]] = []
+        for job, slot in batch:
+            if job.is_async or free > 0:
+                free -= 0 if job.is_async else 1
+                together.append((job, slot))
+            else:  # the pool is full: claim later, alone, so that idle instances win it
+                host.spawn(self._slot_flow(job, slot), f"{job.name}@{slot}")
+        if len(together) < 2 or not many:
+            for job, slot in together:
+                host.spawn(self._slot_flow(job, slot), f"{job.name}@{slot}")
+            return
+        for start in range(0, len(together), CLAIM_MANY_CHUNK):
+            chunk = together[start : start + CLAIM_MANY_CHUNK]
+            host.spawn(self._claim_batch(chunk), f"{len(chunk)} claims")
+
+    async def _slot_flow(self, job: Job, slot: int) -> None:
+        host = self.host
+        if host.stopping:
+            return
+        if host.backend.runs is None:
+            # No store clock to ask: lateness is judged here (see docs/concepts.md).
+            if now_ms() > slot + job.options.max_late_ms:
+                await host.emit_event("skip", job, slot, reason="late")
+                return
+            await self._claim_only(job, slot)
+        else:
+            claim = self.run_claim(job, slot, "scheduled", job.options.max_late_ms)
+            await self._lease_claim(job, claim, slot + job.options.max_late_ms)
+
+    async def _claim_batch(self, batch: list[tuple[Job, int]]) -> None:
+        """Claim several due slots in one round trip (``claim_many``), then follow each."""
+        host = self.host
+        runs = host.backend.runs
+        live = batch
+        if runs is None:
+            now = now_ms()
+            live = []
+            for job, slot in batch:
+                if now > slot + job.options.max_late_ms:
+                    await host.emit_event("skip", job, slot, reason="late")
+                else:
+                    live.append((job, slot))
+            if not live:
+                return
+        deadline = min(slot + job.options.max_late_ms for job, slot in live)
+        what = f"scheduler {host.name} ({host.instance_id}): claim_many of {len(live)} slot(s)"
+        syncs = sum(1 for job, _ in live if not job.is_async)
+        if runs is not None:
+            claims = [
+                self.run_claim(job, slot, "scheduled", job.options.max_late_ms)
+                for job, slot in live
+            ]
+            outcomes: list[ClaimOutcome] | None
+            with self.capacity.holding(syncs):
+                try:
+                    outcomes = await retry_store_call(
+                        what,
+                        lambda: runs.claim_many(claims),  # type: ignore[attr-defined]
+                        deadline_ms=deadline,
+                        give_up=lambda: host.stopping,
+                    )
+                except Exception:
+                    outcomes = None  # logged; each claim goes on alone with the same token
+            if outcomes is not None and len(outcomes) != len(claims):
+                logger.error("%s: %s answers for %s claims", what, len(outcomes), len(claims))
+                outcomes = None
+            for i, (job, slot) in enumerate(live):
+                host.spawn(
+                    self._lease_claim(
+                        job,
+                        claims[i],
+                        slot + job.options.max_late_ms,
+                        None if outcomes is None else outcomes[i],
+                    ),
+                    f"{job.name}@{slot}",
+                )
+            return
+        inputs = [self.claim_input(job, slot) for job, slot in live]
+        won: list[bool] | None
+        with self.capacity.holding(syncs):
+            try:
+                won = await retry_store_call(
+                    what,
+                    lambda: host.backend.claim_many(inputs),  # type: ignore[union-attr]
+                    deadline_ms=deadline,
+                    give_up=lambda: host.stopping,
+                )
+            except Exception:
+                won = None
+        if won is not None and len(won) != len(inputs):
+            logger.error("%s: %s answers for %s claims", what, len(won), len(inputs))
+            won = None
+        for i, (job, slot) in enumerate(live):
+            if won is None or won[i]:
+                host.spawn(
+                    self._claim_only(job, slot, inputs[i], None if won is None else True),
+                    f"{job.name}@{slot}",
+                )
+
+    def catch_up(self, job: Job, now: int) -> None:
+        """At start: claim the newest slot that is past ``max_late`` here, as catch-up.
+
+        The store judges the window (the claim's ``max_late_ms`` is ``catch_up``) on its
+        own clock; a slot outside it is answered ``late``, quietly.
+        """
+        options = job.options
+        if self.host.backend.runs is None or options.catch_up_ms <= 0:
+            return
+        slot = job.schedule.latest_at_or_before(now)
+        if slot is None or now <= slot + options.max_late_ms:
+            return  # still due: the timer's own claim of it is coming
+        claim = self.run_claim(job, slot, "catch-up", options.catch_up_ms)
+        self.host.spawn(
+            self._lease_claim(job, claim, now + self.host.lease_ms), f"catch-up {job.name}@{slot}"
+        )
+
+    async def _admit(self, job: Job) -> int:
+        """Back-pressure before a claim: the capacity units the claim will hold (0 or 1)."""
+        if job.is_async:
+            return 0
+        backlog = self.capacity.backlog
+        if backlog:
+            limit = min(BACKLOG_DELAY_MS * backlog, job.options.max_late_ms * BACKLOG_MAX_SHARE)
+            await self.capacity.admit(limit)
+        return 1
+
+    # -- claim-only stores ------------------------------------------------------------
+
+    async def _claim_only(
+        self, job: Job, slot: int, claim: ClaimInput | None = None, won: bool | None = None
+    ) -> None:
+        """Claim on a store without leases (unless ``won`` is known) and run on a win."""
+        host = self.host
+        claim = claim or self.claim_input(job, slot)
+        what = f"scheduler {host.name} ({host.instance_id}): claim of job {job.name} slot {slot}"
+        if won is None:
+            units = await self._admit(job)
+            try:
+                with self.capacity.holding(units):
+                    won = await retry_store_call(
+                        what,
+                        lambda: host.backend.claim(claim),
+                        deadline_ms=slot + job.options.max_late_ms,
+                        give_up=lambda: host.stopping,
+                    )
+            except Exception as exc:
+                await host.emit_event("error", job, slot, error=error_text(exc), reason="claim")
+                if not host.stopping:
+                    await host.emit_event("skip", job, slot, reason="late")
+                return
+        if not won:
+            return
+        record_claim = getattr(host.backend, "record_claim", None)
+        if callable(record_claim):
+            try:
+                await retry_store_call(
+                    f"{what}: record_claim",
+                    lambda: record_claim(claim),
+                    deadline_ms=now_ms() + 30_000,
+                )
+            except Exception as exc:
+                await host.emit_event(
+                    "error", job, slot, error=error_text(exc), reason="record_claim"
+                )
+        await host.run_attempt(
+            Attempt(job=job, slot=slot, attempt=1, reason="scheduled", token=claim.token)
+        )
+
+    # -- lease stores -----------------------------------------------------------------
+
+    async def _send_claim(
+        self, job: Job, claim: RunClaim, deadline_ms: int
+    ) -> ClaimOutcome | None:
+        """One claim, retried with the same token; ``None`` if the store never answered.
+
+        A sync job's claim waits first while this instance's pool is full, for longer the
+        fuller it is, so that instances with free threads win (back-pressure).
+        """
+        host = self.host
+        runs = host.backend.runs
+        assert runs is not None
+        what = (
+            f"scheduler {host.name} ({host.instance_id}): {claim.mode} claim of job {claim.job} "
+            f"slot {claim.slot}"
+        )
+        units = await self._admit(job)
+        try:
+            with self.capacity.holding(units):
+                outcome = await retry_store_call(
+                    what,
+                    lambda: runs.claim(claim),
+                    deadline_ms=deadline_ms,
+                    give_up=lambda: host.stopping,
+                )
+            logger.debug("%s -> %s", what, outcome)
+            return outcome
+        except Exception as exc:
+            await host.emit_event("error", job, claim.slot, error=error_text(exc), reason="claim")
+            return None
+
+    async def _lease_claim(
+        self,
+        job: Job,
+        claim: RunClaim,
+        deadline_ms: int,
+        outcome: ClaimOutcome | None = None,
+    ) -> None:
+        """Claim on a lease store (unless answered already) and follow the answer."""
+        host = self.host
+        if outcome is None:
+            outcome = await self._send_claim(job, claim, deadline_ms)
+        if outcome is None:
+            if not host.stopping:
+                await host.emit_event("skip", job, claim.slot, reason="late")
+            return
+        while True:
+            kind = outcome.kind
+            next_outcome: ClaimOutcome | None
+            if kind == "won":
+                attempt = Attempt(
+                    job=job,
+                    slot=claim.slot,
+                    attempt=outcome.attempt or 1,
+                    reason=claim.reason if claim.mode == "new" else "takeover",
+                    token=claim.token,
+                    lease=True,
+                )
+                if host.stopping and attempt.attempt < job.options.max_attempts:
+                    await self._hand_back(attempt)  # a backup takes it over at once
+                    return
+                # Won while stopping with no attempt to spare: run it within the grace,
+                # since a hand-back would use up the only attempt and lose the slot.
+                record = await host.run_attempt(attempt)
+                if (
+                    record.status == "success"
+                    or attempt.lost
+                    or host.stopping
+                    or attempt.attempt >= job.options.max_attempts
+                ):
+                    return
+                claim = replace(claim, token=new_token(), mode="new")  # a retry
+                next_outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
+            elif kind == "early":
+                # The store's clock has not reached the slot: wait and ask again, same token.
+                wait_ms = min(outcome.wait_ms or 1, EARLY_WAIT_CAP_MS)
+                logger.debug(
+                    "scheduler %s: job %s slot %s is %s ms early by the store's clock",
+                    host.name,
+                    job.name,
+                    claim.slot,
+                    outcome.wait_ms,
+                )
+                if await host.wait_stopping(wait_ms / 1000):
+                    return
+                next_outcome = await self._send_claim(job, claim, deadline_ms + wait_ms)
+            elif kind == "running":
+                if (outcome.attempt or 1) >= job.options.max_attempts:
+                    return  # no attempt left to take over: nothing to watch for
+                key = (job.name, claim.slot)
+                if key in self.watching:
+                    return  # another task of this instance keeps an eye on it already
+                self.watching.add(key)
+                try:
+                    watched = await self._watch(job, claim)
+                finally:
+                    self.watching.discard(key)
+                if watched is None:
+                    return
+                claim, next_outcome = watched
+            elif kind == "overlap":
+                await host.emit_event("skip", job, claim.slot, reason="overlap")
+                blocker = outcome.slot
+                if (
+                    blocker is None
+                    or job.options.max_attempts < 2
+                    or host.runs_here(job.name, blocker)
+                ):
+                    return
+                # The run in the way is another instance's: watch it like a loser told
+                # "running" would, so that a backup that started after its slot still
+                # takes it over if its runner goes away.
+                claim = replace(claim, slot=blocker, token=new_token(), reason="scheduled")
+                next_outcome = ClaimOutcome.running(1)
+            elif kind == "late":
+                if claim.reason != "catch-up":  # nothing to catch up is not a skip
+                    await host.emit_event("skip", job, claim.slot, reason="late")
+                return
+            else:  # done, none, and kinds this version does not know
+                return
+            if next_outcome is None:
+                return
+            outcome = next_outcome
+
+    async def _watch(self, job: Job, claim: RunClaim) -> tuple[RunClaim, ClaimOutcome] | None:
+        """Keep an eye on another instance's run; take it over once its lease lapses."""
+        host = self.host
+        runs = host.backend.runs
+        assert runs is not None
+        while not host.stopping:
+            if await host.wait_stopping(host.heartbeat_ms / 1000):
+                return None
+            try:
+                active = await runs.active(job.name)
+            except Exception as exc:
+                logger.warning(
+                    "scheduler %s: active(%s) failed while watching slot %s: %r",
+                    host.name,
+                    job.name,
+                    claim.slot,
+                    exc,
+                )
+                continue
+            if any(run.slot == claim.slot and run.alive for run in active):
+                continue
+            takeover = replace(
+                claim, token=new_token(), mode="takeover", reason="takeover", max_late_ms=None
+            )
+            outcome = await self._send_claim(job, takeover, now_ms() + host.lease_ms)
+            if outcome is None:
+                continue
+            if outcome.kind == "running":
+                if (outcome.attempt or 1) >= job.options.max_attempts:
+                    return None
+                continue
+            return takeover, outcome
+        return None
+
+    async def _hand_back(self, attempt: Attempt) -> None:
+        """A claim won while stopping: release it so that a backup runs it at once."""
+        host = self.host
+        runs = host.backend.runs
+        assert runs is not None and attempt.token is not None
+        token = attempt.token
+        try:
+            await runs.release(attempt.job.name, attempt.slot, token)
+        except Exception as exc:
+            logger.warning(
+                "scheduler %s: release of job %s slot %s failed: %r",
+                host.name,
+                attempt.job.name,
+                attempt.slot,
+                exc,
+            )

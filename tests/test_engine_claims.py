@@ -1,0 +1,225 @@
+"""The claim flows under issue 9's faults: skewed worker clocks, full pools, stops, outages.
+
+The store is the real memory store on the real clock; the WORKER's clock is skewed by
+shifting ``time.time_ns`` (what the engine's ``now_ms`` reads) while the store keeps
+reading the true time. Transports that fail are wrappers around the real store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from django_anarchon.backends.base import ClaimOutcome, RunClaim
+from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.engine import JobContext, Scheduler
+
+from .test_engine_support import Calls, Events, iso_in, stop_all, wait_for
+
+_real_time_ns = time.time_ns
+
+
+def real_ms() -> int:
+    return _real_time_ns() // 1_000_000
+
+
+@pytest.fixture
+def skew(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``skew(ms)`` moves this process's wall clock (the worker's) by ``ms``; the store's stays."""
+
+    def set_skew(ms: int) -> None:
+        monkeypatch.setattr(time, "time_ns", lambda: _real_time_ns() + ms * 1_000_000)
+
+    yield set_skew
+
+
+def true_store() -> MemoryBackend:
+    return MemoryBackend(clock=real_ms)
+
+
+class Recording:
+    """Passes every call through to a real memory store, noting the lease claims and answers."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        self.backend = backend
+        self.claims: list[tuple[RunClaim, ClaimOutcome]] = []
+        real_claim = backend.runs.claim
+
+        async def claim(c: RunClaim) -> ClaimOutcome:
+            outcome = await real_claim(c)
+            self.claims.append((c, outcome))
+            return outcome
+
+        backend.runs.claim = claim  # type: ignore[method-assign]
+
+
+async def test_a_worker_ahead_never_starts_a_run_before_its_slot(skew: Any) -> None:
+    """Item 5: 5 s ahead, it was told ``won`` 5 s early and won every slot of every job."""
+    skew(5_000)
+    backend = true_store()
+    calls = Calls()
+    ahead = Scheduler(backend, instance_id="ahead")
+    ahead.every("tick", "1s", lambda ctx: calls.add(slot=ctx.slot, at=real_ms()), overlap="allow")
+    await ahead.start()
+    try:
+        await wait_for(lambda: len(calls) >= 2, 15, "two runs")
+    finally:
+        await stop_all(ahead)
+    for call in calls.items:
+        assert call["at"] >= call["slot"], f"started {call['slot'] - call['at']} ms early"
+
+
+async def test_catch_up_window_is_judged_by_the_store(skew: Any) -> None:
+    """Item 2: a worker 8 s behind re-ran a slot whose run the store had already forgotten.
+
+    The slot lies 11 s back by the store's clock and 3 s back by the worker's: inside the
+    worker's idea of ``catch_up=5s``, outside the store's. The store must answer late.
+    """
+    skew(-8_000)
+    backend = true_store()
+    recording = Recording(backend)
+    target = real_ms() - 11_000
+    offset = f"{target % 10_000}ms"
+    calls = Calls()
+    behind = Scheduler(backend, instance_id="behind")
+    behind.every(
+        "nightly", "10s", lambda ctx: calls.add(slot=ctx.slot), offset=offset,
+        catch_up="5s", max_late="1s",
+    )
+    await behind.start()
+    try:
+        await wait_for(
+            lambda: any(c.reason == "catch-up" for c, _ in recording.claims), 5, "a catch-up claim"
+        )
+    finally:
+        await stop_all(behind)
+    (claim, outcome), = [(c, o) for c, o in recording.claims if c.reason == "catch-up"]
+    assert claim.slot == target
+    assert outcome.kind == "late", outcome
+    assert not calls.where(slot=target)
+
+
+async def test_a_full_pool_leaves_new_slots_to_idle_instances() -> None:
+    """Item 6: a busy instance kept winning claims and queued them behind its long run."""
+    backend = MemoryBackend()
+    calls = Calls()
+    release = threading.Event()
+
+    def long_run(ctx: JobContext) -> None:
+        calls.add(job="long", by=ctx.instance_id)
+        release.wait(10)
+
+    def quick(ctx: JobContext) -> None:
+        calls.add(job="quick", by=ctx.instance_id, slot=ctx.slot, at=real_ms())
+
+    busy = Scheduler(backend, instance_id="busy", threads=1)
+    idle = Scheduler(backend, instance_id="idle", threads=2)
+    busy.at("long", iso_in(300), long_run)  # only "busy" has it
+    for s in (busy, idle):
+        s.every("quick", "200ms", quick, overlap="allow")
+    for s in (busy, idle):
+        await s.start()
+    try:
+        await wait_for(lambda: calls.where(job="long"), 5, "the long run")
+        first = real_ms()
+        await wait_for(
+            lambda: len([c for c in calls.where(job="quick") if c["slot"] > first]) >= 8,
+            10,
+            "eight quick runs while busy is busy",
+        )
+    finally:
+        release.set()
+        await stop_all(busy, idle)
+    while_busy = [c for c in calls.where(job="quick") if c["slot"] > first]
+    assert {c["by"] for c in while_busy} == {"idle"}, while_busy
+    assert max(c["at"] - c["slot"] for c in while_busy) < 150, while_busy
+
+
+class _SlowClaims(MemoryBackend):
+    """The memory store behind a transport that holds lease claims until told to go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claim_sent = asyncio.Event()
+        self.go_on = asyncio.Event()
+        real_claim = self.runs.claim
+
+        async def claim(c: RunClaim) -> ClaimOutcome:
+            self.claim_sent.set()
+            await self.go_on.wait()
+            return await real_claim(c)
+
+        self.runs.claim = claim  # type: ignore[method-assign]
+
+
+async def test_a_claim_won_while_stopping_with_one_attempt_still_runs() -> None:
+    """Item 9: handed back, it used up the only attempt and the slot never ran."""
+    backend = _SlowClaims()
+    calls = Calls()
+    scheduler = Scheduler(backend, instance_id="A")
+    scheduler.every("once-only", "1s", lambda ctx: calls.add(slot=ctx.slot))
+    await scheduler.start()
+    await asyncio.wait_for(backend.claim_sent.wait(), 5)
+    stopping = asyncio.create_task(scheduler.stop(grace="5s"))
+    await asyncio.sleep(0)  # stop() has begun: the scheduler is stopping
+    backend.go_on.set()
+    await asyncio.wait_for(stopping, 10)
+    assert len(calls) == 1
+    record = (await MemoryBackend.history(backend, "once-only", 5))[0]
+    assert record.status == "success", record
+
+
+class _DownAtStart(MemoryBackend):
+    """A store that refuses connections the first ``failures`` times it is asked."""
+
+    def __init__(self, init_failures: int, prepare_failures: int) -> None:
+        super().__init__()
+        self.init_failures = init_failures
+        self.prepare_failures = prepare_failures
+
+    async def init(self) -> None:
+        if self.init_failures > 0:
+            self.init_failures -= 1
+            raise ConnectionError("the database system is starting up (test)")
+
+    async def prepare_job(self, job: str, history_size: int) -> None:
+        if self.prepare_failures > 0:
+            self.prepare_failures -= 1
+            raise ConnectionError("connection reset (test)")
+
+
+async def test_start_waits_for_a_store_that_is_down() -> None:
+    """Item 7: init() and prepare_job() were not retried, so the worker died at start."""
+    backend = _DownAtStart(init_failures=3, prepare_failures=2)
+    calls = Calls()
+    scheduler = Scheduler(backend, instance_id="A")
+    scheduler.every("tick", "200ms", lambda ctx: calls.add(slot=ctx.slot))
+    await scheduler.start()
+    try:
+        assert scheduler.running
+        await wait_for(lambda: len(calls) >= 1, 5, "a run once the store answered")
+    finally:
+        await stop_all(scheduler)
+    assert (backend.init_failures, backend.prepare_failures) == (0, 0)
+
+
+async def test_a_stop_while_the_store_is_down_at_start_ends_the_wait() -> None:
+    backend = _DownAtStart(init_failures=10**9, prepare_failures=0)
+    scheduler = Scheduler(backend, instance_id="A")
+    scheduler.every("tick", "1s", lambda ctx: None)
+    events = Events(scheduler)
+    starting = asyncio.create_task(scheduler.start())
+    await asyncio.sleep(0.3)
+    assert not starting.done()
+    began = time.monotonic()
+    scheduler.request_stop()
+    await asyncio.wait_for(starting, 3)
+    assert time.monotonic() - began < 2.5
+    assert not scheduler.running
+    await scheduler.stop()
+    assert not events.named("start")
