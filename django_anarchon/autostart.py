@@ -23,6 +23,9 @@ logger = logging.getLogger("django_anarchon")
 
 #: Grace given to runs still going when a web process exits.
 EXIT_GRACE_S = 10.0
+#: How long the first request waits for the schedulers to start (a store that is down
+#: is retried in their thread meanwhile).
+START_WAIT_S = 5.0
 
 
 class AutoStarter:
@@ -62,7 +65,8 @@ class AutoStarter:
                 target=self._run, args=(ready,), name="anarchon-autostart", daemon=True
             )
             self._thread.start()
-            ready.wait(timeout=30)
+            # A store that is down at start is retried in the thread; the request goes on.
+            ready.wait(timeout=START_WAIT_S)
             atexit.register(self.stop)
 
     def _run(self, ready: threading.Event) -> None:
@@ -93,7 +97,8 @@ class AutoStarter:
 
         async def stop_all() -> None:
             await asyncio.gather(
-                *(s.stop(grace=grace) for s in self._schedulers if s.running), return_exceptions=True
+                # Also the ones still waiting for their store: stop() ends that wait.
+                *(s.stop(grace=grace) for s in self._schedulers), return_exceptions=True
             )
 
         future = asyncio.run_coroutine_threadsafe(stop_all(), loop)

@@ -507,33 +507,42 @@ class Scheduler:
         )
 
     async def _connect(self) -> bool:
-        """``init()`` and every job's ``prepare_job()``, retried until done; ``False`` if stopped."""
+        """``init()`` and every ``prepare_job()``, retried until done; ``False`` if stopped first.
+
+        A stop (signal, :meth:`stop`, :meth:`request_stop`) ends the wait at once, even in
+        the middle of a backoff pause or a connection attempt.
+        """
         event = self._stop_event
         assert event is not None
-        stop_requested = event.is_set
+        connect = asyncio.ensure_future(self._init_and_prepare())
+        stopped = asyncio.ensure_future(event.wait())
         try:
+            await asyncio.wait({connect, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (connect, stopped):
+                task.cancel()
+            await asyncio.wait({connect, stopped})
+        if event.is_set() or connect.cancelled():
+            return False
+        connect.result()  # an error that is not an outage (retry_store_call re-raised it)
+        return True
+
+    async def _init_and_prepare(self) -> None:
+        await retry_store_call(
+            f"scheduler {self.name}: init of the {self.backend.name} backend",
+            self.backend.init,
+            max_delay_s=START_RETRY_MAX_S,
+        )
+        self._initialized = True
+        for state in list(self._jobs.values()):
+            job = state.job
             await retry_store_call(
-                f"scheduler {self.name}: init of the {self.backend.name} backend",
-                self.backend.init,
-                give_up=stop_requested,
+                f"scheduler {self.name}: prepare_job {job.name}",
+                lambda job=job: self.backend.prepare_job(  # type: ignore[misc]
+                    job.name, job.options.history_size
+                ),
                 max_delay_s=START_RETRY_MAX_S,
             )
-            self._initialized = True
-            for state in list(self._jobs.values()):
-                job = state.job
-                await retry_store_call(
-                    f"scheduler {self.name}: prepare_job {job.name}",
-                    lambda job=job: self.backend.prepare_job(  # type: ignore[misc]
-                        job.name, job.options.history_size
-                    ),
-                    give_up=stop_requested,
-                    max_delay_s=START_RETRY_MAX_S,
-                )
-        except Exception:
-            if stop_requested():
-                return False
-            raise
-        return not stop_requested()
 
     async def stop(self, grace: object = "30s") -> None:
         """Stop claiming; give running handlers ``grace`` to end, then hand their runs over."""
