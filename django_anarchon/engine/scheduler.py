@@ -567,11 +567,14 @@ class Scheduler:
 
     async def _shutdown(self, grace_ms: int) -> None:
         self._stopping = True
+        # Runs already going are aborted; a claim won from now on (sent before the stop,
+        # with no attempt to spare) runs within the grace like one that had started.
+        started = list(self._attempts)
         assert self._stop_event is not None
         self._stop_event.set()
         if self._timer is not None:
             await self._timer.stop()
-        for attempt in list(self._attempts):
+        for attempt in started:
             attempt.abort("stop")
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=grace_ms / 1000)
@@ -736,7 +739,7 @@ class Scheduler:
         await self._emit(name, job, slot, error=error, reason=reason)
 
     async def wait_stopping(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``, waking when the scheduler stops; ``True`` if it did."""
+        """Sleep up to ``seconds``, waking when a stop is requested; ``True`` if one was."""
         event = self._stop_event
         assert event is not None
         try:
@@ -744,7 +747,7 @@ class Scheduler:
                 await event.wait()
         except TimeoutError:
             pass
-        return self._stopping
+        return event.is_set()
 
     def runs_here(self, job: str, slot: int) -> bool:
         return any(a.job.name == job and a.slot == slot for a in list(self._attempts))

@@ -104,7 +104,10 @@ class Worker:
             for scheduler in self.schedulers:
                 _log_runs(scheduler)
                 await scheduler.start()
-            self._banner()
+                if self.stopping.is_set():
+                    break
+            else:
+                self._banner()
             tasks = [asyncio.create_task(self._pickup_requests())]
             if self.health_file is not None:
                 tasks.append(asyncio.create_task(self._touch_health()))
@@ -131,6 +134,8 @@ class Worker:
     def _on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
         logger.info("received %s", sig.name)
+        for scheduler in self.schedulers:
+            scheduler.request_stop()  # also ends a start() still waiting for its store
         if self.signals > 1:
             # A second signal: stop at once, whatever is still running.
             for scheduler in self.schedulers:
