@@ -4,6 +4,7 @@ ports: every key of a job carries the job's hash tag, so each script runs on one
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -58,3 +59,39 @@ def test_jobs_spread_over_the_nodes(cluster: RedisClusterNodes) -> None:
         return nodes
 
     assert len(asyncio.run(main())) == 3
+
+
+def test_the_sweep_ends_a_crashed_run_on_its_node(cluster: RedisClusterNodes) -> None:
+    """The sweep writes runs of the job that the script was not given as keys: they share
+    the job's hash tag, so the node that runs the script holds them."""
+
+    async def main() -> None:
+        backend = RedisBackend(host="127.0.0.1", port=cluster.ports[0], cluster=True)
+        assert backend.runs is not None
+        runs = backend.runs
+        sec, usec = await backend.client().time()
+        now = int(sec) * 1000 + int(usec) // 1000
+        try:
+            for i in range(6):  # jobs on every node
+                job = f"app.sweep{i}"
+                assert await runs.claim(RunClaim(job, now - 5_000, "a", "A", lease_ms=50)) == (
+                    ClaimOutcome.won(1)
+                )
+            deadline = time.monotonic() + 5
+            for i in range(6):
+                while any(a.alive for a in await runs.active(f"app.sweep{i}")):
+                    assert time.monotonic() < deadline, "the leases never lapsed"
+                    await asyncio.sleep(0.02)
+            for i in range(6):
+                job = f"app.sweep{i}"
+                assert await runs.claim(RunClaim(job, now - 1, "b", "B")) == ClaimOutcome.won(1)
+                assert [a.slot for a in await runs.active(job)] == [now - 1]
+                assert not await runs.finish(job, now - 5_000, "a", "success")
+                records = await backend.history(job, 5)
+                assert [(r.slot, r.status) for r in records if r.slot == now - 5_000] == [
+                    (now - 5_000, "interrupted")
+                ]
+        finally:
+            await backend.close()
+
+    asyncio.run(main())

@@ -423,7 +423,7 @@ class LeaseTests(ContractBase):
                 assert await runs.claim(left) == ClaimOutcome.won(1)
                 await self.wait_lapsed(runs, job, dead)
                 await self.wait_lapsed(runs, job, spare)
-                claim = self.run_claim(job, nxt, "b", "B", overlap=overlap)  # type: ignore[arg-type]
+                claim = self.run_claim(job, nxt, "b", "B", overlap=overlap)
                 assert await runs.claim(claim) == ClaimOutcome.won(1)
                 active = sorted(await runs.active(job), key=lambda a: a.slot)
                 assert active == [_active(spare, 1, False), _active(nxt, 1, True)], overlap

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import socket
 import threading
 from collections.abc import Sequence
@@ -24,6 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ...exceptions import ConfigurationError
 from ..base import (
+    DEFAULT_KEEP_MS,
+    MIN_KEEP_MS,
     ActiveRun,
     BaseBackend,
     ClaimInput,
@@ -42,12 +45,11 @@ from .strategies import IDMP_MIN_VERSION, STRATEGY_NAMES, StrategyName, parse_st
 
 __all__ = ["Driver", "RedisProtocolBackend", "RedisRunStore"]
 
-#: A finished run is remembered this long when the claim did not say (``keep_ms``)...
-DEFAULT_KEEP_MS = 86_400_000
-#: ...and never less than this, whatever it said.
-MIN_KEEP_MS = 10_000
+logger = logging.getLogger("django_anarchon")
+
 #: Calls are retried on a dropped connection; the token makes a repeated claim safe.
 RETRIES = 3
+#: The format of history records (JSON); run hashes have their own (``scripts.RUN_FORMAT``).
 STORE_FORMAT = 1
 
 
@@ -403,11 +405,24 @@ class RedisProtocolBackend(BaseBackend):
         )
 
     async def claim(self, input: ClaimInput) -> bool:
-        return int(await self.eval(*self._claim_call(input))) == 1
+        return self._claimed(input, await self.eval(*self._claim_call(input)))
 
     async def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
         results = await self.eval_many([self._claim_call(i) for i in inputs])
-        return [int(r) == 1 for r in results]
+        return [self._claimed(i, r) for i, r in zip(inputs, results, strict=True)]
+
+    def _claimed(self, input: ClaimInput, reply: Any) -> bool:
+        """Whether a claim script's reply is a win; says so loudly when the slot is lost."""
+        answer = int(reply)
+        if answer == scripts.STREAM_PASSED:
+            logger.warning(
+                "stream-id: slot %s of job %r is lost: nobody claimed it, and it can no longer "
+                "be claimed because a later slot of the job was claimed first (XADD only "
+                "accepts a larger ID); use the 'lease' or 'script' strategy for jobs whose "
+                "claims may arrive out of order (docs/backends/redis.md)",
+                input.slot, input.job,
+            )
+        return answer == 1
 
     async def record_manual_run(self, input: ClaimInput) -> int | None:
         """Record a manual run; a slot that already has one moves on by 1 ms (returned)."""
@@ -506,7 +521,8 @@ def _stored_result(data: dict[str, Any]) -> StoredResult:
 
 
 class RedisRunStore:
-    """The lease rules (SPEC section 5) in Lua: each call is one script, on the server's clock."""
+    """The lease rules (SPEC sections 5 and 9) in Lua: each call is one script, on the
+    server's clock, so retention, the early answer and the sweep agree across instances."""
 
     def __init__(self, backend: RedisProtocolBackend) -> None:
         self._backend = backend
@@ -569,6 +585,8 @@ def _outcome(reply: Any) -> ClaimOutcome:
         return ClaimOutcome.overlap(number)
     if kind == "late":
         return ClaimOutcome.late(number)
+    if kind == "early":
+        return ClaimOutcome.early(number)
     if kind == "none":
         return ClaimOutcome.none()
     return ClaimOutcome.done()

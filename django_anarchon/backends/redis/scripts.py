@@ -2,21 +2,26 @@
 
 Times come from the server's ``TIME``. Every key a script touches belongs to one job and
 carries the job's hash tag, so a script runs on a single Redis Cluster node. Keys read
-without being declared (the other runs of a job, for the overlap rule) share that tag:
-the cluster allows it because they hash to the same slot.
+without being declared (the other runs of a job: the overlap rule reads them, the sweep
+ends them) share that tag: the cluster allows it because they hash to the same slot.
 
-Stored format, version 1 (``v`` in every record; a later release keeps reading it):
+Stored formats (``v`` in every record; a later release keeps reading the older ones):
 
-* ``<p>:{<job>}:r:<slot>``  hash, one run of the lease strategy: ``v attempt token owner
-  lease_until state status reason started_at finished_at keep_ms``. Never expires while
-  running; expires ``keep_ms`` after it finishes.
+* ``<p>:{<job>}:r:<slot>``  hash, one run of the lease strategy, format 2: ``v attempt
+  token owner lease_until state status reason started_at finished_at keep_ms
+  max_attempts``. Format 1 (the previous release) has all of them except
+  ``max_attempts``, and both releases read and write each other's hashes: each writes
+  its own ``v`` when it starts an attempt, so ``v`` says which release started the
+  current one. Never expires while running; once finished it expires at
+  ``max(finished_at, slot) + max(keep_ms or DEFAULT, MIN)`` (``PEXPIREAT``, never moved
+  earlier). ``keep_ms`` and ``max_attempts`` only grow.
 * ``<p>:{<job>}:active``    sorted set of the slots whose run is running.
 * ``<p>:{<job>}:c:<slot>``  string, the claim of one slot (``claim()``: lease and script
   strategies): the winner's token, expiring after the dedupe window.
 * ``<p>:{<job>}:s``         stream of the stream-id and idmp strategies.
-* ``<p>:{<job>}:hc``/``hr`` hashes of won claims and stored results (JSON), field
-  ``<slot:015>:<attempt:05>:<manual 0|1>:<instance>``; ``hs``/``he`` sorted sets of
-  those fields by start and end time (pruning, newest first); ``hm`` hash of manual
+* ``<p>:{<job>}:hc``/``hr`` hashes of won claims and stored results (JSON, format 1),
+  field ``<slot:015>:<attempt:05>:<manual 0|1>:<instance>``; ``hs``/``he`` sorted sets
+  of those fields by start and end time (pruning, newest first); ``hm`` hash of manual
   slots to the token that recorded them.
 """
 
@@ -35,8 +40,10 @@ __all__ = [
     "MANUAL",
     "RELEASE",
     "RUN_CLAIM",
+    "RUN_FORMAT",
     "SAVE_RESULT",
     "STREAM_CLAIM",
+    "STREAM_PASSED",
     "Script",
 ]
 
@@ -53,9 +60,12 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
+#: The format this release writes run hashes in (``v``): 2 added ``max_attempts``.
+RUN_FORMAT = 2
+
 # Helpers shared by every script. History keys always come as KEYS[h]..KEYS[h+4]:
 # hc, hr, hs, he, hm. ``hist_*`` functions take that index.
-_PRELUDE = r"""
+_PRELUDE = f"local RUN_FORMAT = {RUN_FORMAT}\n" + r"""
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -98,6 +108,18 @@ local function hist_prune(h, size, ttl, now)
   end
 end
 
+-- A finished run is kept until max(finished_at, slot) + its keep (default and floor given):
+-- counted from the slot too, so a run that finished "before" its slot by this clock is
+-- still remembered while a late claimer of the slot may come. Never moved earlier.
+local function retain(key, slot, finished_at, keep, default_keep, min_keep, now)
+  local at = math.max(finished_at, slot)
+             + math.max(tonumber(keep or '') or default_keep, min_keep)
+  local ttl = redis.call('PTTL', key)
+  if ttl < 0 or now + ttl < at then
+    redis.call('PEXPIREAT', key, at)
+  end
+end
+
 local function hist_claim(h, slot, by, at, attempt, manual, reason, token)
   local f = record_field(slot, attempt, manual, by)
   local rec = {v = 1, slot = slot, by = by, at = at, attempt = attempt,
@@ -135,8 +157,18 @@ return 1
 """,
 )
 
+#: What STREAM_CLAIM answers (besides 1 won and 0 taken) for a slot nobody holds and
+#: nobody can claim any more: a later slot's entry came first.
+STREAM_PASSED = 2
+
 # claim() of the stream-id strategy: XADD with the explicit ID <slot>-1. The server
 # refuses an ID equal to or smaller than the stream's last one, even after trimming.
+# A refused slot whose entry is absent was either trimmed away or never added (a later
+# slot was added first). Trimming removes entries from the head only, and this backend
+# never XDELs, so an absent ID above the first entry kept was never added, nor is any
+# absent ID when no entry has ever left the stream (XINFO's entries-added = length,
+# Redis 7.0+ and Valkey): those answer STREAM_PASSED. Otherwise the script cannot tell,
+# and answers 0.
 # KEYS: stream, hc, hr, hs, he, hm.
 # ARGV: slot, token, instance, maxlen, history_size, history_ttl_ms|''.
 STREAM_CLAIM = _script(
@@ -150,7 +182,25 @@ if type(res) == 'table' and res.err then
     return redis.error_reply(res.err)
   end
   local entry = redis.call('XRANGE', KEYS[1], id, id)
-  if #entry == 0 then return 0 end
+  if #entry == 0 then
+    local info = redis.call('XINFO', 'STREAM', KEYS[1])
+    local at = {}
+    for i = 1, #info - 1, 2 do at[info[i]] = info[i + 1] end
+    local function above(other)
+      local ms, seq = string.match(other, '^(%d+)-(%d+)$')
+      local mine = tonumber(ARGV[1])
+      return mine > tonumber(ms) or (mine == tonumber(ms) and 1 > tonumber(seq))
+    end
+    -- Never added: above any entry deleted by XDEL (Redis 7.0+, Valkey), and above the
+    -- first entry kept or, when no entry ever left the stream (7.0+), anywhere.
+    if at['max-deleted-entry-id'] and not above(at['max-deleted-entry-id']) then return 0 end
+    local first = at['first-entry']
+    if (first and above(first[1]))
+       or (at['entries-added'] and tonumber(at['entries-added']) == tonumber(at['length'])) then
+      return 2  -- STREAM_PASSED
+    end
+    return 0
+  end
   local fields = entry[1][2]
   for i = 1, #fields, 2 do
     if fields[i] == 'token' then
@@ -240,7 +290,8 @@ return {redis.call('HMGET', KEYS[1], unpack(fields)), redis.call('HMGET', KEYS[2
 """,
 )
 
-# runs.claim(): the lease rules, in the order of the table in SPEC section 5.
+# runs.claim(): the lease rules, in the order of the table in SPEC section 5, with the
+# sweep of SPEC section 9. Writes run hashes in format 2 (see the module docstring).
 # KEYS: run, active, hc, hr, hs, he, hm.
 # ARGV: 1 slot, 2 token, 3 instance, 4 mode, 5 reason, 6 lease_ms, 7 overlap,
 #       8 max_attempts, 9 max_late_ms|'', 10 keep_ms|'', 11 history_size,
@@ -256,13 +307,15 @@ local token = ARGV[2]
 local inst = ARGV[3]
 local lease_ms = tonumber(ARGV[6])
 local max_attempts = tonumber(ARGV[8])
+local default_keep = tonumber(ARGV[14])
+local min_keep = tonumber(ARGV[15])
 local now = now_ms()
 
-local function start(attempt, reason)
-  redis.call('HSET', run, 'v', 1, 'attempt', attempt, 'token', token, 'owner', inst,
+local function start(attempt, reason, stored_max)
+  redis.call('HSET', run, 'v', RUN_FORMAT, 'attempt', attempt, 'token', token, 'owner', inst,
              'lease_until', now + lease_ms, 'state', 'running', 'status', '',
-             'reason', reason, 'started_at', now, 'finished_at', '')
-  if ARGV[10] ~= '' then redis.call('HSET', run, 'keep_ms', ARGV[10]) end
+             'reason', reason, 'started_at', now, 'finished_at', '',
+             'max_attempts', math.max(stored_max or 0, max_attempts))
   redis.call('PERSIST', run)
   redis.call('ZADD', KEYS[2], slot, ARGV[1])
   hist_claim(3, slot, inst, now, attempt, 0, reason, token)
@@ -270,10 +323,10 @@ local function start(attempt, reason)
 end
 
 -- The superseded attempt shows as interrupted, unless its runner saved a result.
-local function interrupt(owner, attempt, started_at, reason, err)
-  local f = record_field(slot, attempt, 0, owner)
+local function interrupt(s, owner, attempt, started_at, reason, err)
+  local f = record_field(s, attempt, 0, owner)
   if redis.call('HEXISTS', KEYS[4], f) == 1 then return end
-  local rec = {v = 1, slot = slot, by = owner, attempt = attempt, status = 'interrupted',
+  local rec = {v = 1, slot = s, by = owner, attempt = attempt, status = 'interrupted',
                started_at = started_at, finished_at = now,
                duration_ms = math.max(now - started_at, 0), error = err,
                manual = false, reason = reason}
@@ -282,16 +335,28 @@ local function interrupt(owner, attempt, started_at, reason, err)
   redis.call('ZADD', KEYS[6], now, f)
 end
 
+-- A run whose lease lapsed with its attempts used up: the store ends it.
+local function give_up(key, s, member, owner, attempt, started_at, reason, keep)
+  interrupt(s, owner, attempt, started_at, reason, 'lease lapsed; attempts used up')
+  redis.call('HSET', key, 'state', 'finished', 'status', 'interrupted', 'finished_at', now)
+  redis.call('ZREM', KEYS[2], member)
+  retain(key, s, now, keep, default_keep, min_keep, now)
+end
+
 local st = redis.call('HMGET', run, 'state', 'token', 'owner', 'attempt', 'lease_until',
-                      'status', 'reason', 'started_at', 'finished_at', 'keep_ms')
+                      'status', 'reason', 'started_at', 'finished_at', 'keep_ms',
+                      'max_attempts')
 if st[1] then
   local attempt = tonumber(st[4])
-  if ARGV[10] ~= '' then
-    redis.call('HSET', run, 'keep_ms', ARGV[10])
-    if st[1] == 'finished' and st[9] ~= '' then
-      local keep = math.max(tonumber(ARGV[10]), tonumber(ARGV[15]))
-      redis.call('PEXPIREAT', run, tonumber(st[9]) + keep)
-    end
+  local keep = st[10]
+  if ARGV[10] ~= '' and (tonumber(keep or '') == nil or tonumber(ARGV[10]) > tonumber(keep)) then
+    keep = ARGV[10]
+    redis.call('HSET', run, 'keep_ms', keep)
+  end
+  local stored_max = tonumber(st[11] or '')
+  if stored_max == nil or max_attempts > stored_max then
+    stored_max = max_attempts
+    redis.call('HSET', run, 'max_attempts', stored_max)
   end
   if st[1] == 'running' then
     if st[2] == token then
@@ -300,38 +365,45 @@ if st[1] then
     end
     if tonumber(st[5]) > now then return {'running', attempt} end
     if attempt < max_attempts then
-      interrupt(st[3], attempt, tonumber(st[8]), st[7], 'lease lapsed; taken over by ' .. inst)
-      start(attempt + 1, 'takeover')
+      interrupt(slot, st[3], attempt, tonumber(st[8]), st[7],
+                'lease lapsed; taken over by ' .. inst)
+      start(attempt + 1, 'takeover', stored_max)
       return {'won', attempt + 1}
     end
-    interrupt(st[3], attempt, tonumber(st[8]), st[7], 'lease lapsed; attempts used up')
-    redis.call('HSET', run, 'state', 'finished', 'status', 'interrupted', 'finished_at', now)
-    redis.call('ZREM', KEYS[2], ARGV[1])
-    local keep = tonumber(st[10] or '') or tonumber(ARGV[14])
-    redis.call('PEXPIRE', run, math.max(keep, tonumber(ARGV[15])))
+    give_up(run, slot, ARGV[1], st[3], attempt, tonumber(st[8]), st[7], keep)
     return {'done', 0}
   end
+  if st[9] and st[9] ~= '' then
+    retain(run, slot, tonumber(st[9]), keep, default_keep, min_keep, now)
+  end
   if (st[6] == 'failed' or st[6] == 'interrupted') and attempt < max_attempts then
-    start(attempt + 1, ARGV[5])
+    start(attempt + 1, ARGV[5], stored_max)
     return {'won', attempt + 1}
   end
   return {'done', 0}
 end
 if ARGV[4] == 'takeover' then return {'none', 0} end
+if ARGV[4] == 'new' and now < slot then return {'early', slot - now} end
 if ARGV[9] ~= '' and now > slot + tonumber(ARGV[9]) then return {'late', now - slot} end
-if ARGV[7] == 'skip' then
-  local busy = nil
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-    local lease_until = redis.call('HGET', ARGV[13] .. member, 'lease_until')
-    if not lease_until then
-      redis.call('ZREM', KEYS[2], member)
-    elseif tonumber(lease_until) > now then
-      busy = tonumber(member)
-    end
+-- A new run: sweep the job's other runs, then the overlap rule. A run is swept only when
+-- this release started its attempt (v 2), so its max_attempts is the claims' largest.
+local busy = nil
+for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local key = ARGV[13] .. member
+  local r = redis.call('HMGET', key, 'state', 'owner', 'attempt', 'lease_until', 'reason',
+                       'started_at', 'keep_ms', 'max_attempts', 'v')
+  if r[1] ~= 'running' then
+    redis.call('ZREM', KEYS[2], member)
+  elseif (tonumber(r[4]) or 0) > now then
+    busy = tonumber(member)
+  elseif (tonumber(r[9] or '') or 1) >= 2 and tonumber(r[8] or '')
+         and tonumber(r[3]) >= tonumber(r[8]) then
+    give_up(key, tonumber(member), member, r[2], tonumber(r[3]), tonumber(r[6]), r[5], r[7])
   end
-  if busy then return {'overlap', busy} end
 end
-start(1, ARGV[5])
+if ARGV[7] == 'skip' and busy then return {'overlap', busy} end
+if ARGV[10] ~= '' then redis.call('HSET', run, 'keep_ms', ARGV[10]) end
+start(1, ARGV[5], nil)
 return {'won', 1}
 """,
 )
@@ -347,16 +419,20 @@ return 1
 """,
 )
 
-# runs.finish(). KEYS: run, active. ARGV: token, status, slot, default keep, minimum keep.
+# runs.finish(): repeat-safe (the same token and status on a run already finished so
+# answers 1 again: the first call's reply may have been lost).
+# KEYS: run, active. ARGV: token, status, slot, default keep, minimum keep.
 FINISH = _script(
     "finish",
     r"""
-local st = redis.call('HMGET', KEYS[1], 'state', 'token', 'keep_ms')
-if st[1] ~= 'running' or st[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'finished', 'status', ARGV[2], 'finished_at', now_ms())
+local st = redis.call('HMGET', KEYS[1], 'state', 'token', 'keep_ms', 'status')
+if st[2] ~= ARGV[1] then return 0 end
+if st[1] == 'finished' and st[4] == ARGV[2] then return 1 end
+if st[1] ~= 'running' then return 0 end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'state', 'finished', 'status', ARGV[2], 'finished_at', now)
 redis.call('ZREM', KEYS[2], ARGV[3])
-local keep = tonumber(st[3] or '') or tonumber(ARGV[4])
-redis.call('PEXPIRE', KEYS[1], math.max(keep, tonumber(ARGV[5])))
+retain(KEYS[1], tonumber(ARGV[3]), now, st[3], tonumber(ARGV[4]), tonumber(ARGV[5]), now)
 return 1
 """,
 )

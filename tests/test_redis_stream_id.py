@@ -1,0 +1,108 @@
+"""The stream-id strategy's one blind spot, made loud: a slot whose claim reaches the
+server after a later slot's XADD can never be added (XADD takes only larger IDs), so
+nobody runs it. Every claimer gets False, and the backend logs a WARNING naming the job
+and the slot, on Redis (6379) and on a Valkey server the tests start."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from django_anarchon.backends.base import ClaimInput
+from django_anarchon.backends.redis import RedisBackend, RedisProtocolBackend
+from django_anarchon.backends.valkey import ValkeyBackend
+
+from .redis_support import ValkeyServer, delete_prefix, redis_url
+
+pytestmark = pytest.mark.redis
+
+Factory = Callable[[int], RedisProtocolBackend]
+
+
+@pytest.fixture(scope="module")
+def valkey() -> Iterator[ValkeyServer]:
+    server = ValkeyServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def make(request: pytest.FixtureRequest) -> Iterator[Factory]:
+    """stream-id backends with a given maxlen, under a key prefix of this test's own."""
+    prefix = f"anarchon-test-{uuid.uuid4().hex[:12]}"
+    if request.param == "redis":
+        url = redis_url()
+        yield lambda maxlen: RedisBackend(
+            url=url, key_prefix=prefix, strategy={"name": "stream-id", "maxlen": maxlen}
+        )
+        delete_prefix(url, prefix)
+    else:
+        server: ValkeyServer = request.getfixturevalue("valkey")
+        yield lambda maxlen: ValkeyBackend(
+            url=server.url, key_prefix=prefix, strategy={"name": "stream-id", "maxlen": maxlen}
+        )
+        delete_prefix(server.url, prefix)
+
+
+def lost_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records
+        if r.name == "django_anarchon" and r.levelno == logging.WARNING and "is lost" in r.getMessage()
+    ]
+
+
+def test_a_slot_passed_by_a_later_one_is_refused_loudly(
+    make: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="django_anarchon")
+    backend = make(1000)
+    job = "app.passed"
+
+    async def main() -> None:
+        assert await backend.claim(ClaimInput(job, 5000, "t5", "A"))
+        assert lost_warnings(caplog) == []
+        # Slot 6000's claim is delayed (a store outage, a slow instance); 7000 goes first.
+        assert await backend.claim(ClaimInput(job, 7000, "t7", "B"))
+        assert not await backend.claim(ClaimInput(job, 6000, "t6", "A"))
+        assert not await backend.claim(ClaimInput(job, 6000, "other", "B"))
+        many = await backend.claim_many(
+            [ClaimInput(job, 6000, "again", "C"), ClaimInput(job, 7000, "t7", "B")]
+        )
+        assert many == [False, True]
+        # Older than any entry, but nothing was ever trimmed: also never claimed.
+        assert not await backend.claim(ClaimInput(job, 4000, "t4", "A"))
+        # Taken slots stay quiet.
+        assert not await backend.claim(ClaimInput(job, 5000, "x", "B"))
+        await backend.close()
+
+    asyncio.run(main())
+    warnings = lost_warnings(caplog)
+    assert len(warnings) == 4, warnings
+    assert all("'app.passed'" in w for w in warnings)
+    assert [w.split()[2] for w in warnings] == ["6000", "6000", "6000", "4000"]
+    assert "'lease' or 'script' strategy" in warnings[0]
+
+
+def test_a_trimmed_slot_is_refused_quietly(
+    make: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Below the largest trimmed ID the script cannot tell "trimmed" from "never added":
+    it answers taken, without a warning that might be false."""
+    caplog.set_level(logging.WARNING, logger="django_anarchon")
+    backend = make(1)
+    job = "app.trimmed"
+
+    async def main() -> None:
+        assert await backend.claim(ClaimInput(job, 5000, "t5", "A"))
+        for i in range(300):  # enough for approximate trimming to drop whole nodes
+            assert await backend.claim(ClaimInput(job, 7000 + i, f"x{i}", "C"))
+        assert not await backend.claim(ClaimInput(job, 5000, "t5", "A"))
+        assert not await backend.claim(ClaimInput(job, 6000, "t6", "A"))
+        await backend.close()
+
+    asyncio.run(main())
+    assert lost_warnings(caplog) == []
