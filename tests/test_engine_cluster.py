@@ -232,8 +232,8 @@ async def test_a_handler_finishing_within_the_grace_keeps_its_result() -> None:
 
     def handler(ctx: JobContext) -> str:
         started.set()
-        ctx.signal.wait(10)
-        return "done"  # returns normally after the abort: a real success
+        time.sleep(0.3)  # never looks at its signal: its work is done when it returns
+        return "done"
 
     s = Scheduler(backend, instance_id="A")
     s.at("graceful", iso_in(100), handler)
@@ -242,6 +242,24 @@ async def test_a_handler_finishing_within_the_grace_keeps_its_result() -> None:
     await s.stop(grace="5s")
     (record,) = await s.ahistory("graceful")
     assert record.status == "success"
+
+
+async def test_a_handler_that_returns_once_it_saw_the_stop_is_interrupted() -> None:
+    """Issue 9, item 14: ``ctx.signal.wait(20)`` cut short by a stop was recorded success."""
+    backend = MemoryBackend()
+    started = threading.Event()
+
+    def handler(ctx: JobContext) -> None:
+        started.set()
+        ctx.signal.wait(20)
+
+    s = Scheduler(backend, instance_id="A")
+    s.at("cut-short", iso_in(100), handler)
+    await s.start()
+    await asyncio.to_thread(started.wait, 5)
+    await s.stop(grace="5s")
+    (record,) = await s.ahistory("cut-short")
+    assert record.status == "interrupted", record
 
 
 async def test_catch_up_runs_the_missed_slot_once_after_everyone_was_down() -> None:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,3 +68,24 @@ def test_unknown_scheduler_is_a_clear_error() -> None:
     )
     assert result.returncode != 0
     assert "unknown scheduler 'nope'" in result.stderr
+
+
+def test_a_handler_that_swallows_cancellation_does_not_keep_the_worker(tmp_path: Path) -> None:
+    env = {
+        "DJANGO_SETTINGS_MODULE": "tests.swallow_worker_settings",
+        "ANARCHON_TEST_OUT": str(tmp_path / "out.txt"),
+    }
+    with worker_group(tmp_path, env) as workers:
+        workers.start("W1", grace="1s")
+        wait_for(lambda: "run started: job=swallow" in workers.output("W1"), 30, "the swallow job")
+        proc = workers.procs["W1"]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        # grace (1 s) + the cancelled handler's second + the leftover tasks' bound (2 s),
+        # with room for a loaded machine.
+        assert proc.wait(15) == 0, workers.output("W1")
+        took = time.monotonic() - sent
+        out = workers.output("W1")
+        assert "stopped" in out and "ignored cancellation" in out, out
+        assert "swallow-cancelled" in Path(env["ANARCHON_TEST_OUT"]).read_text()
+        assert took < 10, took

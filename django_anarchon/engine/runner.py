@@ -1,22 +1,46 @@
 """Running one attempt of one run: context, data, handler, heartbeat, timeout, result.
 
-Sync handlers run in the scheduler's bounded thread pool with Django's connection
-hygiene around them; async handlers run as tasks on the scheduler's loop. On lease
-stores the runner heartbeats while the handler runs, and a refused heartbeat (another
-instance took the run over) aborts the handler. Whatever the handler does, the attempt
-ends with a record: nothing it raises reaches the scheduler.
+Sync handlers (and sync data providers) run in the scheduler's bounded thread pool with
+Django's connection hygiene around them; async ones run as tasks on the scheduler's loop.
+Whatever user code does, the attempt ends with one record and nothing it raises reaches
+the scheduler: every exception but cancellation is the attempt's failure, and a
+``SystemExit`` or ``KeyboardInterrupt`` from a handler never leaves the event loop.
+
+An attempt that has ended never starts its handler later. A call still queued for a pool
+thread is cancelled when its attempt ends, and the thread checks right before it calls
+user code, so a handler whose run timed out, was taken over, or outlived the stop's
+grace while it waited for a thread never starts. (A stop's abort alone still lets a
+queued handler start within the grace: its run was won, and with no attempt left no
+backup could run it.) The ``timeout`` clock starts when the handler starts, not when it
+was queued.
+
+A handler that returns after it *saw* its signal aborted (``aborted`` read as true,
+``wait()``/``sleep()`` woken by it, ``raise_if_aborted()`` raised) was cut short: the
+attempt is ``interrupted``, and after a stop its lease is released so that a backup
+takes the run over at once. One that never looked ran to its end: a success.
+
+On lease stores the runner heartbeats from the attempt's start until ``finish()`` or
+``release()`` has answered, so a finish that is retried through an outage keeps the lease
+alive. One lock per attempt serialises those store calls, each shielded from
+cancellation: a heartbeat still on its way can never land after the lease was released
+or finished. A refused heartbeat (another instance took the run over) aborts the handler.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import inspect
 import logging
+import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from concurrent.futures import Future as ThreadFuture
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from django.db import close_old_connections, connections
 
@@ -42,11 +66,17 @@ __all__ = ["UNSET", "Attempt", "Runner", "RunnerHost"]
 
 logger = logging.getLogger("django_anarchon")
 
+T = TypeVar("T")
+
 #: Marks "no run data given" (``None`` is a value a caller may not mean to pass).
 UNSET: Any = object()
 
 #: How long finish()/save_result() keep retrying a store that is down before giving up.
 RECORD_RETRY_MS = 10 * 60 * 1000
+#: How long release() is retried: a hand-over only helps while it is prompt.
+RELEASE_RETRY_MS = 5_000
+#: How long a cancelled async handler gets to end before the runner stops waiting for it.
+CANCEL_WAIT_S = 1.0
 #: Most characters of an error text kept in a record.
 MAX_ERROR_CHARS = 4000
 
@@ -81,11 +111,20 @@ class Attempt:
     signal: AbortSignal = field(default_factory=AbortSignal)
     started_at: int = 0
     lost: bool = False
-    _interrupted: asyncio.Future[str] | None = None
-    _loop: asyncio.AbstractEventLoop | None = None
+    _interrupted: asyncio.Future[str] | None = field(default=None, init=False, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
+    #: Serialises this attempt's heartbeat, finish and release calls (one at a time).
+    _store_lock: asyncio.Lock | None = field(default=None, init=False, repr=False)
+    #: finish()/release() is under way: a refused heartbeat no longer means "lost".
+    _ending: bool = field(default=False, init=False, repr=False)
+    #: finish()/release() has answered: no heartbeat may reach the store any more.
+    _settled: bool = field(default=False, init=False, repr=False)
 
     def abort(self, reason: str) -> None:
-        """Abort the handler's signal (it may still finish; the grace is the caller's)."""
+        """Abort the handler's signal (it may still finish; the grace is the caller's).
+
+        A handler that has not started yet never will.
+        """
         self.signal.abort(reason)
 
     def interrupt(self, reason: str) -> None:
@@ -100,25 +139,147 @@ class Attempt:
                 return
         except RuntimeError:
             pass
-        loop.call_soon_threadsafe(_set, future, reason)
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nothing waits
+            loop.call_soon_threadsafe(_set, future, reason)
 
 
-def _set(future: asyncio.Future[str], value: str) -> None:
+def _set(future: asyncio.Future[T], value: T) -> None:
     if not future.done():
         future.set_result(value)
 
 
-def _call_sync(fn: Callable[[JobContext], Any], ctx: JobContext) -> Any:
+# -- what a call of user code ended with ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Returned:
+    value: Any
+    aborted: bool  # the call had seen its signal aborted when it returned
+
+
+@dataclass(frozen=True)
+class _Raised:
+    exc: BaseException
+    aborted: bool  # the signal was already aborted when the call raised
+
+
+@dataclass(frozen=True)
+class _GaveUp:
+    """The runner stopped waiting: ``why`` is ``"timeout"`` or the interrupt's reason."""
+
+    why: str
+
+
+class _NotStarted:
+    """The call never started: its attempt ended, or its signal was aborted, first."""
+
+
+_NOT_STARTED = _NotStarted()
+_CANCELLED = _GaveUp("cancelled")
+
+_Result = _Returned | _Raised | _GaveUp | _NotStarted
+
+
+class _Gate:
+    """Lets a pool thread start user code only while its attempt goes on.
+
+    The thread enters right before the call; the runner closes the gate when it gives
+    the call up. Both happen under one lock, so a call that had not entered when the
+    gate closed never starts, and one that had is known to be running.
+    """
+
+    def __init__(
+        self, signal: AbortSignal, loop: asyncio.AbstractEventLoop, started: asyncio.Future[float]
+    ) -> None:
+        self._lock = threading.Lock()
+        self._signal = signal
+        self._loop = loop
+        self._started = started
+        self._open = True
+        self._entered = False
+
+    def enter(self) -> bool:
+        """In the pool thread: may the call start? (Not once given up, or aborted but by a stop.)"""
+        with self._lock:
+            if not self._open or not _may_start(self._signal):
+                return False
+            self._entered = True
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nothing waits
+            self._loop.call_soon_threadsafe(_set, self._started, time.monotonic())
+        return True
+
+    def close(self) -> bool:
+        """On the loop: no start from now on; return whether the call had started."""
+        with self._lock:
+            self._open = False
+            return self._entered
+
+
+def _may_start(signal: AbortSignal) -> bool:
+    """Any abort but a stop's forbids a start; a stop's grace still lets won work start."""
+    return not signal._is_aborted() or signal.reason == "stop"
+
+
+def _returned(value: Any, ctx: JobContext) -> _Returned:
+    return _Returned(value, ctx.signal._was_seen())
+
+
+def _raised(exc: BaseException, ctx: JobContext) -> _Raised:
+    return _Raised(exc, ctx.signal._is_aborted())
+
+
+def _in_thread(gate: _Gate, fn: Callable[[JobContext], Any], ctx: JobContext) -> _Result:
     """Run sync user code in a pool thread with Django's per-request connection hygiene."""
-    close_old_connections()
+    if not gate.enter():
+        return _NOT_STARTED
     try:
-        return fn(ctx)
+        close_old_connections()
+        try:
+            value = fn(ctx)
+        except BaseException as exc:  # SystemExit too: it is this attempt's failure
+            return _raised(exc, ctx)
+        return _returned(value, ctx)
     finally:
         try:
             close_old_connections()
             connections.close_all()
         except Exception:
             logger.exception("closing database connections after job %s failed", ctx.name)
+
+
+async def _in_task(
+    fn: Callable[[JobContext], Any], ctx: JobContext, started: asyncio.Future[float]
+) -> _Result:
+    """Run async user code as a task that cannot end the loop.
+
+    The call itself happens in here (a wrong signature raises inside the task), and a
+    ``SystemExit``/``KeyboardInterrupt`` is returned, not raised: asyncio re-raises
+    those out of the event loop when a task raises them.
+    """
+    if not _may_start(ctx.signal):
+        return _NOT_STARTED
+    _set(started, time.monotonic())
+    try:
+        value = fn(ctx)
+    except BaseException as exc:
+        return _raised(exc, ctx)
+    if inspect.isawaitable(value):
+        return await _await_in_task(value, ctx)
+    return _returned(value, ctx)
+
+
+async def _await_in_task(awaitable: Awaitable[Any], ctx: JobContext) -> _Result:
+    try:
+        value = await awaitable
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        return _raised(exc, ctx)
+    return _returned(value, ctx)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def error_text(exc: BaseException) -> str:
@@ -131,19 +292,42 @@ def error_text(exc: BaseException) -> str:
     return text
 
 
-def _log_late_return(job: str, slot: int) -> Callable[[asyncio.Future[Any]], None]:
-    def done(future: asyncio.Future[Any]) -> None:
+def _late(job: str, slot: int, result: object) -> None:
+    if isinstance(result, _NotStarted):
+        return
+    how = f"raised {result.exc!r}" if isinstance(result, _Raised) else "returned"
+    logger.warning(
+        "job %s slot %s: the handler %s after its attempt had ended; result ignored",
+        job,
+        slot,
+        how,
+    )
+
+
+def _log_late(job: str, slot: int) -> Callable[[Any], None]:
+    """A done-callback for a handler given up on (an asyncio or a thread future)."""
+
+    def done(future: asyncio.Future[Any] | ThreadFuture[Any]) -> None:
         if future.cancelled():
             return
         exc = future.exception()
-        logger.warning(
-            "job %s slot %s: the handler returned after its attempt had ended (%s); result ignored",
-            job,
-            slot,
-            f"raised {exc!r}" if exc else "returned",
-        )
+        _late(job, slot, _Raised(exc, True) if exc is not None else future.result())
 
     return done
+
+
+def _unlock(lock: asyncio.Lock, task: asyncio.Future[Any]) -> None:
+    lock.release()
+    if not task.cancelled():
+        task.exception()  # retrieved: whoever awaited it saw it, or was cancelled
+
+
+def _result(future: asyncio.Future[_Result]) -> _Result:
+    """A finished call's result; an exception that escaped the wrappers is a failure too."""
+    exc = future.exception()
+    if exc is not None:
+        return _Raised(exc, False)
+    return future.result()
 
 
 class Runner:
@@ -206,27 +390,25 @@ class Runner:
         loop = asyncio.get_running_loop()
         attempt._loop = loop
         attempt._interrupted = loop.create_future()
+        attempt._store_lock = asyncio.Lock()
         attempt.started_at = now_ms()
         await self._emit("start", attempt, self.record(attempt, "running"), reason=attempt.reason)
         heartbeat: asyncio.Task[None] | None = None
-        if attempt.lease:
+        if attempt.lease and attempt.token is not None:
             heartbeat = loop.create_task(self._heartbeat(attempt))
         try:
-            status, error = await self._execute(attempt)
+            try:
+                status, error = await self._execute(attempt)
+            except Exception as exc:  # the runner's own bug: still one record, never a crash
+                logger.exception("%s failed", self._what(attempt, "the run"))
+                status, error = "failed", error_text(exc)
+            finished_at = now_ms()
+            if heartbeat is not None and not attempt.lost:
+                # Heartbeats go on until finish()/release() has answered.
+                await self._settle(attempt, status)
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
-        finished_at = now_ms()
-        stopped = (
-            attempt._interrupted.done() and not attempt.lost and attempt.signal.reason == "stop"
-        )
-        if attempt.lease and not attempt.lost and attempt.token is not None:
-            if stopped:
-                await self._release(attempt)
-            else:
-                finished = await self._finish(attempt, status)
-                if finished is False:
-                    attempt.lost = True
         if attempt.lost:
             note = "lease lost: another instance took this run over"
             error = f"{error}\n\n{note}" if error else note
@@ -239,7 +421,33 @@ class Runner:
             await self._emit("lost", attempt, record, error=error, reason="takeover")
         return record
 
+    async def _settle(self, attempt: Attempt, status: FinalStatus) -> None:
+        """End the lease: release it after a stop (a backup takes over at once), else finish.
+
+        With no attempt left nobody could take a released run over, so it is finished
+        ``interrupted`` instead of waiting for the store's sweep.
+        """
+        attempt._ending = True
+        if (
+            status == "interrupted"
+            and attempt.signal.reason == "stop"
+            and attempt.attempt < attempt.job.options.max_attempts
+        ):
+            await self._release(attempt)
+            return
+        finished = await self._finish(attempt, status)
+        if finished is False:
+            attempt.lost = True
+
     # -- the handler ------------------------------------------------------------------
+
+    def _provider(self, attempt: Attempt) -> Any:
+        value = attempt.run_data
+        if value is UNSET or value is None:
+            value = attempt.job.options.data
+        if value is None:
+            value = self.host.data
+        return value
 
     async def _execute(self, attempt: Attempt) -> tuple[FinalStatus, str | None]:
         job = attempt.job
@@ -254,120 +462,213 @@ class Runner:
             attempt=attempt.attempt,
             reason=attempt.reason,
         )
-        try:
-            ctx = replace(ctx, data=await self._data(attempt, ctx))
-        except Exception as exc:
-            logger.warning(
-                "job %s slot %s: the data provider raised %r", job.name, attempt.slot, exc
-            )
-            return "failed", "data provider failed: " + error_text(exc)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any]
-        if job.is_async:
-            future = loop.create_task(job.handler(ctx), name=f"anarchon-run-{job.name}")
+        provider = self._provider(attempt)
+        if callable(provider):
+            data = await self._call(attempt, provider, ctx, is_async=_is_async(provider))
+            if not isinstance(data, _Returned) or data.aborted:
+                return self._status(attempt, data, provider=True)
+            ctx = replace(ctx, data=data.value)
         else:
-            future = loop.run_in_executor(self.host.executor(), _call_sync, job.handler, ctx)
-        assert attempt._interrupted is not None
-        timeout = None if job.options.timeout_ms is None else job.options.timeout_ms / 1000
-        started = now_ms()
-        done, _ = await asyncio.wait(
-            {future, attempt._interrupted}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            ctx = replace(ctx, data=provider)
+        timeout_s = None if job.options.timeout_ms is None else job.options.timeout_ms / 1000
+        result = await self._call(
+            attempt, job.handler, ctx, is_async=job.is_async, timeout_s=timeout_s
         )
-        if (
-            future in done
-            and not job.is_async
-            and not future.cancelled()
-            and future.exception() is None
-            and inspect.isawaitable(future.result())
-        ):
-            # A sync callable that returned a coroutine (``lambda ctx: work(ctx)``): run it.
-            future = asyncio.ensure_future(future.result())
-            if timeout is not None:
-                timeout = max(timeout - (now_ms() - started) / 1000, 0)
-            done, _ = await asyncio.wait(
-                {future, attempt._interrupted}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-        if future in done:
-            return self._outcome(attempt, future)
-        if attempt._interrupted.done():
-            why = attempt._interrupted.result()
-            await self._abandon(attempt, future)
-            return "interrupted", f"run interrupted ({why})"
-        attempt.signal.abort("timeout")
-        await self._abandon(attempt, future)
-        assert job.options.timeout_ms is not None
-        limit = format_duration(job.options.timeout_ms)
-        timeout_error = JobTimeoutError(f"job {job.name!r} ran longer than its timeout of {limit}")
-        logger.warning(
-            "job %s slot %s attempt %s: %s", job.name, attempt.slot, attempt.attempt, timeout_error
-        )
-        return "failed", f"{type(timeout_error).__name__}: {timeout_error}"
+        return self._status(attempt, result)
 
-    def _outcome(
-        self, attempt: Attempt, future: asyncio.Future[Any]
+    def _status(
+        self, attempt: Attempt, result: _Result, provider: bool = False
     ) -> tuple[FinalStatus, str | None]:
-        if future.cancelled():
-            return "interrupted", f"run cancelled ({attempt.signal.reason or 'cancelled'})"
-        exc = future.exception()
-        if exc is None:
-            return "success", None
-        if attempt.signal.aborted:
-            return "interrupted", error_text(exc)
-        logger.warning(
-            "job %s slot %s attempt %s failed: %r",
-            attempt.job.name,
-            attempt.slot,
-            attempt.attempt,
-            exc,
-        )
-        return "failed", error_text(exc)
+        job = attempt.job
+        why = attempt.signal.reason or "aborted"
+        if isinstance(result, _NotStarted):
+            return "interrupted", f"run interrupted ({why}) before its handler started"
+        if isinstance(result, _GaveUp):
+            if result is _CANCELLED:
+                return "interrupted", f"run cancelled ({why})"
+            if result.why != "timeout":
+                return "interrupted", f"run interrupted ({result.why})"
+            assert job.options.timeout_ms is not None
+            limit = format_duration(job.options.timeout_ms)
+            timeout_error = JobTimeoutError(
+                f"job {job.name!r} ran longer than its timeout of {limit}"
+            )
+            logger.warning(
+                "job %s slot %s attempt %s: %s",
+                job.name,
+                attempt.slot,
+                attempt.attempt,
+                timeout_error,
+            )
+            return "failed", f"{type(timeout_error).__name__}: {timeout_error}"
+        prefix = "data provider failed: " if provider else ""
+        if isinstance(result, _Raised):
+            if result.aborted:
+                return "interrupted", prefix + error_text(result.exc)
+            logger.warning(
+                "job %s slot %s attempt %s: the %s raised %r",
+                job.name,
+                attempt.slot,
+                attempt.attempt,
+                "data provider" if provider else "handler",
+                result.exc,
+            )
+            return "failed", prefix + error_text(result.exc)
+        if result.aborted:
+            what = "data provider" if provider else "handler"
+            return (
+                "interrupted",
+                f"run interrupted ({why}): the {what} returned after its signal was aborted",
+            )
+        return "success", None
 
-    async def _abandon(self, attempt: Attempt, future: asyncio.Future[Any]) -> None:
-        """Give up on a handler: cancel an async one; a sync thread runs on, ignored."""
-        if isinstance(future, asyncio.Task):
-            future.cancel()
-            await asyncio.wait({future}, timeout=1.0)
-            if not future.done():
-                future.add_done_callback(_log_late_return(attempt.job.name, attempt.slot))
-            elif not future.cancelled():
-                future.exception()  # retrieved: no "never retrieved" warning
-        else:
-            future.add_done_callback(_log_late_return(attempt.job.name, attempt.slot))
+    async def _call(
+        self,
+        attempt: Attempt,
+        fn: Callable[[JobContext], Any],
+        ctx: JobContext,
+        *,
+        is_async: bool,
+        timeout_s: float | None = None,
+    ) -> _Result:
+        """Call user code; wait for it, for an interrupt, or ``timeout_s`` after it started.
 
-    async def _data(self, attempt: Attempt, ctx: JobContext) -> Any:
-        value = attempt.run_data
-        if value is UNSET or value is None:
-            value = attempt.job.options.data
-        if value is None:
-            value = self.host.data
-        if not callable(value):
-            return value
-        if inspect.iscoroutinefunction(value):
-            return await value(ctx)
+        Waiting for a pool thread does not count against the timeout. A call given up
+        before it started never starts.
+        """
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self.host.executor(), _call_sync, value, ctx)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        interrupted = attempt._interrupted
+        assert interrupted is not None
+        started: asyncio.Future[float] = loop.create_future()
+        gate: _Gate | None = None
+        thread_future: ThreadFuture[_Result] | None = None
+        future: asyncio.Future[_Result]
+        if is_async:
+            future = loop.create_task(_in_task(fn, ctx, started), name=f"anarchon-run-{ctx.name}")
+        else:
+            gate = _Gate(attempt.signal, loop, started)
+            thread_future = self.host.executor().submit(_in_thread, gate, fn, ctx)
+            future = asyncio.wrap_future(thread_future, loop=loop)
+        deadline: float | None = None
+        while True:
+            if deadline is None and timeout_s is not None and started.done():
+                deadline = started.result() + timeout_s
+            waiting: set[asyncio.Future[Any]] = {future, interrupted}
+            if not started.done():
+                waiting.add(started)
+            wait_s = None if deadline is None else max(deadline - time.monotonic(), 0)
+            try:
+                done, _ = await asyncio.wait(
+                    waiting, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            except asyncio.CancelledError:
+                # The run itself is cancelled: what has not started must never start.
+                if gate is not None:
+                    gate.close()
+                if thread_future is not None:
+                    thread_future.cancel()
+                future.cancel()
+                raise
+            if future in done:
+                result = _CANCELLED if future.cancelled() else _result(future)
+                if (
+                    gate is not None
+                    and isinstance(result, _Returned)
+                    and inspect.isawaitable(result.value)
+                ):
+                    # A sync callable that returned an awaitable (``lambda ctx: work(ctx)``):
+                    # await it on the loop, under the same timeout.
+                    gate, thread_future = None, None
+                    future = loop.create_task(
+                        _await_in_task(result.value, ctx), name=f"anarchon-run-{ctx.name}"
+                    )
+                    continue
+                return result
+            if interrupted.done():
+                why = interrupted.result()
+                return await self._give_up(attempt, future, gate, thread_future, started, why)
+            if not done:  # past the deadline
+                attempt.signal.abort("timeout")
+                return await self._give_up(attempt, future, gate, thread_future, started, "timeout")
+            # else it has just started: from now on its timeout runs
+
+    async def _give_up(
+        self,
+        attempt: Attempt,
+        future: asyncio.Future[_Result],
+        gate: _Gate | None,
+        thread_future: ThreadFuture[_Result] | None,
+        started: asyncio.Future[float],
+        why: str,
+    ) -> _Result:
+        """Stop waiting for a call: cancel it if it has not started, else let it run, ignored."""
+        job, slot = attempt.job.name, attempt.slot
+        if gate is not None and thread_future is not None:
+            entered = gate.close()
+            thread_future.cancel()  # still queued: it never runs
+            future.cancel()
+            if not entered:
+                return _NOT_STARTED
+            thread_future.add_done_callback(_log_late(job, slot))
+            return _GaveUp(why)
+        future.cancel()
+        if not started.done():
+            return _NOT_STARTED  # cancelled before its first step: the body never runs
+        await asyncio.wait({future}, timeout=CANCEL_WAIT_S)
+        if not future.done():
+            future.add_done_callback(_log_late(job, slot))
+        elif not future.cancelled():
+            future.exception()  # retrieved: no "never retrieved" warning
+        return _GaveUp(why)
 
     # -- the store ------------------------------------------------------------------
+
+    async def _locked(self, attempt: Attempt, call: Callable[[], Awaitable[T]]) -> T:
+        """One store call of ``attempt`` under its lock, shielded from cancellation.
+
+        Cancelling the caller leaves the call to land with the lock still held (a call
+        already in a database thread runs on anyway), so no other call of this attempt
+        can overtake it.
+        """
+        lock = attempt._store_lock
+        assert lock is not None
+        await lock.acquire()
+        try:
+            task = asyncio.ensure_future(call())
+        except BaseException:
+            lock.release()
+            raise
+        task.add_done_callback(functools.partial(_unlock, lock))
+        return await asyncio.shield(task)
 
     async def _heartbeat(self, attempt: Attempt) -> None:
         runs = self.host.backend.runs
         assert runs is not None and attempt.token is not None
         job, slot, token = attempt.job.name, attempt.slot, attempt.token
         lease_ms = self.host.lease_ms
-        while True:
+
+        async def beat() -> bool | None:
+            if attempt._settled:  # finish()/release() answered while this one waited
+                return None
+            return await runs.heartbeat(job, slot, token, lease_ms)
+
+        while not attempt._settled:
             await asyncio.sleep(self.host.heartbeat_ms / 1000)
             try:
                 alive = await retry_store_call(
                     self._what(attempt, "heartbeat"),
-                    lambda: runs.heartbeat(job, slot, token, lease_ms),
+                    lambda: self._locked(attempt, beat),
                     deadline_ms=now_ms() + lease_ms,
                 )
             except Exception:
                 continue  # logged; the store decides whether the lease is still ours
+            if alive is None:
+                return
             if not alive:
+                if attempt._ending:
+                    # finish()/release() is under way (perhaps its reply was lost and the
+                    # run is finished already): its own answer says whether it was ours.
+                    return
                 logger.warning(
                     "job %s slot %s attempt %s: heartbeat refused; the run was taken over",
                     job,
@@ -382,10 +683,18 @@ class Runner:
         runs = self.host.backend.runs
         assert runs is not None and attempt.token is not None
         job, slot, token = attempt.job.name, attempt.slot, attempt.token
+
+        async def finish() -> bool:
+            # Repeat-safe: a retry after a lost reply finds the run finished by this very
+            # token with this status, and the store answers True again.
+            finished = await runs.finish(job, slot, token, status)
+            attempt._settled = True
+            return finished
+
         try:
             return await retry_store_call(
                 self._what(attempt, "finish"),
-                lambda: runs.finish(job, slot, token, status),
+                lambda: self._locked(attempt, finish),
                 deadline_ms=now_ms() + RECORD_RETRY_MS,
             )
         except Exception as exc:
@@ -396,11 +705,17 @@ class Runner:
         runs = self.host.backend.runs
         assert runs is not None and attempt.token is not None
         job, slot, token = attempt.job.name, attempt.slot, attempt.token
+
+        async def release() -> bool:
+            released = await runs.release(job, slot, token)
+            attempt._settled = True
+            return released
+
         try:
             await retry_store_call(
                 self._what(attempt, "release"),
-                lambda: runs.release(job, slot, token),
-                deadline_ms=now_ms() + 5_000,
+                lambda: self._locked(attempt, release),
+                deadline_ms=now_ms() + RELEASE_RETRY_MS,
             )
         except Exception as exc:
             await self._emit("error", attempt, error=error_text(exc), reason="release")

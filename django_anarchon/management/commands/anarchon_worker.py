@@ -1,4 +1,11 @@
-"""``manage.py anarchon_worker``: run the configured schedulers until SIGINT or SIGTERM."""
+"""``manage.py anarchon_worker``: run the configured schedulers until SIGINT or SIGTERM.
+
+The worker exits promptly whatever a handler does. ``asyncio.run()`` would wait at the end
+for every task, so an async handler that swallows its cancellation would keep a stopped
+worker alive forever; the worker instead gives the tasks left after the stop
+``EXIT_WAIT_S`` to end once cancelled, then exits without them (their attempts are
+already recorded ``interrupted`` and their leases handed over).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,10 @@ if TYPE_CHECKING:
     from django_anarchon.engine import Scheduler
 
 logger = logging.getLogger("django_anarchon")
+
+#: How long tasks still pending after the stop get to end once cancelled, and how long the
+#: loop's last clean-up (async generators, the default executor) may take, before exiting.
+EXIT_WAIT_S = 2.0
 
 
 class Command(BaseCommand):
@@ -62,11 +73,16 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self._setup_logging(int(options["verbosity"]))
         health = Path(options["health_file"]) if options["health_file"] else None
-        asyncio.run(Worker(schedulers, grace_ms, health, self.stdout.write).run())
-        if any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
-            # A sync handler that ignored its abort signal is still in its thread; it was
-            # recorded interrupted and its lease released, so exit without waiting for it.
-            logger.warning("exiting with handler threads still running (recorded interrupted)")
+        runner = asyncio.Runner()
+        try:
+            runner.run(Worker(schedulers, grace_ms, health, self.stdout.write).run())
+        finally:
+            clean = _close_loop(runner)
+        if not clean or any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
+            # A handler that ignored its abort signal (a thread) or its cancellation (a
+            # task) is still running; it was recorded interrupted and its lease released,
+            # so exit without waiting for it.
+            logger.warning("exiting with handlers still running (recorded interrupted)")
             sys.stdout.flush()
             sys.stderr.flush()
             logging.shutdown()
@@ -80,6 +96,41 @@ class Command(BaseCommand):
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.DEBUG if verbosity > 1 else logging.INFO)
+
+
+def _close_loop(runner: asyncio.Runner) -> bool:
+    """Cancel what is left on the loop and close it, each step bounded by ``EXIT_WAIT_S``.
+
+    Returns ``False`` when something would not end in time: the loop is left open and the
+    caller exits the process without waiting for it.
+    """
+    loop = runner.get_loop()
+    tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.wait(tasks, timeout=EXIT_WAIT_S))
+    stuck = [task for task in tasks if not task.done()]
+    if stuck:
+        logger.warning(
+            "%s task(s) ignored cancellation after the stop: %s",
+            len(stuck),
+            ", ".join(task.get_name() for task in stuck),
+        )
+        return False
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("error in a task left after the stop: %r", task.exception())
+    try:
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), EXIT_WAIT_S))
+        loop.run_until_complete(
+            asyncio.wait_for(loop.shutdown_default_executor(), EXIT_WAIT_S)
+        )
+    except TimeoutError:
+        logger.warning("closing the event loop took longer than %ss", EXIT_WAIT_S)
+        return False
+    runner.close()
+    return True
 
 
 class Worker:
