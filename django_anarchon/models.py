@@ -80,6 +80,13 @@ class Run(models.Model):
         blank=True,
         help_text=_("How long the run is remembered once finished, in milliseconds."),
     )
+    #: Null on rows the previous release wrote: such a run is never swept (its limit is unknown).
+    max_attempts = models.PositiveIntegerField(
+        _("max attempts"),
+        null=True,
+        blank=True,
+        help_text=_("The largest max_attempts any claim of the run carried."),
+    )
 
     class Meta:
         verbose_name = _("run lease")

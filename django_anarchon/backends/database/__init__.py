@@ -49,7 +49,8 @@ class DatabaseBackend(BaseBackend):
     """
 
     name = "database"
-    #: claim() rows are never forgotten; leased runs are kept for at least keep_ms.
+    #: claim() rows are never forgotten; a finished leased run is kept until
+    #: max(finished_at, slot) + kept_ms(keep_ms) has passed (docs/backends/database.md).
     dedupe_window_ms: float = math.inf
 
     def __init__(
@@ -95,14 +96,14 @@ class DatabaseBackend(BaseBackend):
             self._store = Store(self.using, fast_path=self._fast_path)
         return self._store
 
-    async def _call(self, method: Callable[..., T], *args: Any) -> T:
+    async def _call(self, method: Callable[..., T], *args: Any, urgent: bool = False) -> T:
         if self._threads is None:
             self._threads = ConnectionThreads(self.using, self._max_connections)
-        future = self._threads.submit(functools.partial(method, *args))
+        future = self._threads.submit(functools.partial(method, *args), urgent=urgent)
         return await asyncio.wrap_future(future)
 
-    async def _store_call(self, name: str, *args: Any) -> Any:
-        return await self._call(lambda: getattr(self.store(), name)(*args))
+    async def _store_call(self, name: str, *args: Any, urgent: bool = False) -> Any:
+        return await self._call(lambda: getattr(self.store(), name)(*args), urgent=urgent)
 
     # -- Backend -----------------------------------------------------------------------
 
@@ -164,14 +165,23 @@ class DatabaseRunStore:
         )
         return outcomes
 
+    # A live runner's lease calls go ahead of queued claims (threads.py): behind a burst
+    # of claims its heartbeat could otherwise arrive after the lease lapsed.
+
     async def heartbeat(self, job: str, slot: int, token: str, lease_ms: int) -> bool:
-        return bool(await self._backend._store_call("heartbeat", job, slot, token, lease_ms))
+        return bool(
+            await self._backend._store_call(
+                "heartbeat", job, slot, token, lease_ms, urgent=True
+            )
+        )
 
     async def finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
-        return bool(await self._backend._store_call("finish", job, slot, token, status))
+        return bool(
+            await self._backend._store_call("finish", job, slot, token, status, urgent=True)
+        )
 
     async def release(self, job: str, slot: int, token: str) -> bool:
-        return bool(await self._backend._store_call("release", job, slot, token))
+        return bool(await self._backend._store_call("release", job, slot, token, urgent=True))
 
     async def active(self, job: str) -> list[ActiveRun]:
         runs: list[ActiveRun] = await self._backend._store_call("active", job)

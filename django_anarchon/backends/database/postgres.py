@@ -1,9 +1,11 @@
-"""PostgreSQL fast paths: one round trip per claim through the migration's functions.
+"""PostgreSQL fast paths: one round trip per claim through the migrations' functions.
 
-``anarchon_claim_v1`` decides ``claim()``; ``anarchon_run_claim_v1`` decides the common
-cases of ``runs.claim()`` (a new run, the same token again, a live lease) and answers
-``'other'`` for the rest, which then take the general lock path in ``store.py``. Each is
-one ``SELECT`` in autocommit mode: no BEGIN, no COMMIT, one round trip.
+``anarchon_claim_v1`` (migration 0001) decides ``claim()``; ``anarchon_run_claim_v2``
+(migration 0002) decides the common cases of ``runs.claim()`` (a new run, with the sweep;
+a claim before its slot; the same token again; a live lease) and answers ``'other'`` for
+the rest, which then take the general lock path in ``store.py``. Each is one ``SELECT``
+in autocommit mode: no BEGIN, no COMMIT, one round trip. The ``*_v1`` run functions stay
+installed for the previous release during a rolling deploy; this release never calls them.
 """
 
 from __future__ import annotations
@@ -20,19 +22,23 @@ __all__ = ["claim", "functions_installed", "run_claim", "run_claim_many"]
 
 CLAIM_SQL = "SELECT anarchon_claim_v1(%s, %s, %s, %s)"
 RUN_CLAIM_SQL = (
-    "SELECT o_kind, o_attempt, o_slot, o_now_ms "
-    "FROM anarchon_run_claim_v1(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "SELECT o_kind, o_attempt, o_slot, o_now_ms FROM anarchon_run_claim_v2("
+    "%s::text, %s::bigint, %s::text, %s::text, %s::bigint, %s::text, %s::boolean, "
+    "%s::bigint, %s::bigint, %s::integer)"
 )
 RUN_CLAIM_MANY_SQL = (
-    "SELECT o_index, o_kind, o_attempt, o_slot, o_now_ms FROM anarchon_run_claim_many_v1("
+    "SELECT o_index, o_kind, o_attempt, o_slot, o_now_ms FROM anarchon_run_claim_many_v2("
     "%s::text[], %s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
-    "%s::boolean[], %s::bigint[], %s::bigint[])"
+    "%s::boolean[], %s::bigint[], %s::bigint[], %s::integer[])"
 )
+#: What this release calls; a database migrated only to 0001 lacks the v2 functions, and
+#: every claim then takes the general path.
 _SIGNATURES = (
     "anarchon_claim_v1(text, bigint, text, text)",
-    "anarchon_run_claim_v1(text, bigint, text, text, bigint, text, boolean, bigint, bigint)",
-    "anarchon_run_claim_many_v1(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
-    " bigint[], bigint[])",
+    "anarchon_run_claim_v2(text, bigint, text, text, bigint, text, boolean, bigint, bigint,"
+    " integer)",
+    "anarchon_run_claim_many_v2(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
+    " bigint[], bigint[], integer[])",
 )
 
 
@@ -90,6 +96,8 @@ def _outcome(c: RunClaim, kind: str, attempt: Any, slot: Any, now: Any) -> Claim
         return ClaimOutcome.running(int(attempt))
     if kind == "late":
         return ClaimOutcome.late(int(now) - c.slot)
+    if kind == "early":
+        return ClaimOutcome.early(c.slot - int(now))
     if kind == "overlap":
         return ClaimOutcome.overlap(int(slot))
     return None
@@ -118,6 +126,7 @@ def run_claim_many(
             [c.overlap == "skip" for c in batch],
             [c.max_late_ms for c in batch],
             [c.keep_ms for c in batch],
+            [c.max_attempts for c in batch],
         ],
     )
     outcomes: list[ClaimOutcome | None] = [None] * len(claims)
@@ -142,6 +151,7 @@ def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | No
             c.overlap == "skip",
             c.max_late_ms,
             c.keep_ms,
+            c.max_attempts,
         ],
     )
     return _outcome(c, kind, attempt, slot, now)

@@ -4,8 +4,10 @@ Everything here runs in the backend's connection threads, never on an event loop
 general claim path works on every supported database: one transaction that locks the
 job's ``JobLock`` row (``select_for_update``; on SQLite a write to it, which takes the
 database's write lock), reads the server's clock, and applies the rules of SPEC section 5
-exactly as ``MemoryRunStore`` does. On PostgreSQL the common cases take one round trip
-through the functions the initial migration installs (``postgres.py``).
+exactly as ``MemoryRunStore`` does, with the additions of SPEC section 9 (retention from
+the later of slot and finish, ``keep_ms`` and ``max_attempts`` that only grow, ``early``,
+the sweep, a repeat-safe ``finish``). On PostgreSQL the common cases take one round trip
+through the functions the migrations install (``postgres.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
-from django.db.models import BigIntegerField, F, Max, Q, Value
+from django.db.models import BigIntegerField, Case, F, Q, Value, When
+from django.db.models.functions import Coalesce, Greatest
 
 from ...models import JobLock, Run, RunAttempt, RunState
 from ..base import (
+    DEFAULT_KEEP_MS,
+    MIN_KEEP_MS,
     ActiveRun,
     ClaimInput,
     ClaimOutcome,
@@ -34,6 +39,7 @@ from ..base import (
     RunReason,
     RunRecord,
     StoredResult,
+    forget_after_ms,
     ms_to_datetime,
 )
 from . import postgres
@@ -50,17 +56,20 @@ FINISHED = RunState.FINISHED.value
 CLAIMED = RunState.CLAIMED.value
 _ATTEMPT_KEY = ["job", "slot", "instance_id", "attempt", "manual"]
 _RETRIES = 4
+_USED_UP = "lease lapsed; attempts used up"
 
 # SQLite has one writer at a time per file. Threads of one process queue on this lock
 # (woken at once) instead of sleeping in SQLite's busy handler; other processes still
 # wait through the busy timeout.
-_sqlite_locks: dict[str, threading.Lock] = {}
+# Reentrant: the peek's keep_ms/max_attempts update takes it too, also from inside the
+# transaction of ``_claim_new``.
+_sqlite_locks: dict[str, threading.RLock] = {}
 _sqlite_locks_guard = threading.Lock()
 
 
-def _sqlite_lock(name: str) -> threading.Lock:
+def _sqlite_lock(name: str) -> threading.RLock:
     with _sqlite_locks_guard:
-        return _sqlite_locks.setdefault(name, threading.Lock())
+        return _sqlite_locks.setdefault(name, threading.RLock())
 
 
 def _as_aware(value: datetime) -> datetime:
@@ -77,6 +86,25 @@ def _delete(queryset: Any) -> int:
     """One DELETE statement, whatever signal receivers exist: these rows have no relations."""
     deleted: int = queryset._raw_delete(queryset.db)
     return deleted
+
+
+def _grown(stored: int | None, claimed: int | None) -> int | None:
+    """``keep_ms`` and ``max_attempts`` only grow: the larger of the stored and the claimed."""
+    if claimed is None:
+        return stored
+    return claimed if stored is None else max(stored, claimed)
+
+
+def _forget_after() -> Any:
+    """``forget_after_ms(slot, finished_at, keep_ms)`` as an ORM expression on ``Run``."""
+    big = BigIntegerField()
+    since = Greatest(Coalesce(F("finished_at_ms"), F("slot")), F("slot"), output_field=big)
+    kept = Greatest(
+        Coalesce(F("keep_ms"), Value(DEFAULT_KEEP_MS, output_field=big)),
+        Value(MIN_KEEP_MS, output_field=big),
+        output_field=big,
+    )
+    return since + kept
 
 
 def _transient(exc: DatabaseError) -> bool:
@@ -101,7 +129,7 @@ class Store:
         now_ms_sql(self.vendor)  # refuses an unsupported database early
         self.fast_path = fast_path and self.vendor == "postgresql"
         self._functions_checked = False
-        self._write_lock: threading.Lock | None = None
+        self._write_lock: threading.RLock | None = None
         if self.vendor == "sqlite":
             self._write_lock = _sqlite_lock(str(connections[using].settings_dict["NAME"]))
 
@@ -206,8 +234,12 @@ class Store:
     # -- Backend -----------------------------------------------------------------------
 
     def check(self) -> None:
-        """Fail now, with the database's own error, if the tables are not there."""
-        self._retrying(lambda: self._runs().filter(job="").exists())
+        """Fail now, with the database's own error, if the tables (or a migration) are missing.
+
+        ``max_attempts`` is read so that a database without migration 0002 fails here, not
+        at the first claim.
+        """
+        self._retrying(lambda: self._runs().filter(job="").values_list("max_attempts").first())
         self._use_functions()
 
     def prepare_job(self, job: str) -> None:
@@ -317,8 +349,8 @@ class Store:
     def _prune(self, job: str, history_size: int, history_ttl_ms: int | None) -> None:
         """Set-based: the newest ``history_size`` attempts stay, none older than the ttl.
 
-        Also forgets finished runs whose ``keep_ms`` has passed (the lease table's own
-        pruning).
+        Also forgets finished runs once ``now > max(finished_at, slot) + kept_ms(keep_ms)``
+        (the lease table's own pruning; ``forget_after_ms`` in SQL).
         """
         attempts = self._attempts().filter(job=job)
         if history_size <= 0:
@@ -342,12 +374,11 @@ class Store:
             _delete(attempts.filter(
                 Q(finished_at__lt=oldest) | Q(finished_at__isnull=True, started_at__lt=oldest)
             ))
-        _delete(self._runs().filter(
-            job=job,
-            state=FINISHED,
-            keep_ms__isnull=False,
-            finished_at_ms__lt=ServerNowMs() - F("keep_ms"),
-        ))
+        _delete(
+            self._runs()
+            .alias(forget_after=_forget_after())
+            .filter(job=job, state=FINISHED, forget_after__lt=ServerNowMs())
+        )
 
     def history(self, job: str, limit: int) -> list[RunRecord]:
         if limit <= 0:
@@ -469,33 +500,73 @@ class Store:
         return self._run_claim_locked(c)
 
     def _peek(self, c: RunClaim) -> ClaimOutcome | None:
-        """``running`` for a run another instance holds with a live lease: one read, no lock.
+        """One read, no lock: ``running``, or for a run that does not exist ``early``/``late``.
 
-        That answer was true when the row was read; it changes nothing, so no lock is needed.
+        Each answer was true when the row was read and changes nothing, so no lock is
+        needed; ``running`` still raises the run's ``keep_ms``/``max_attempts`` to the
+        claim's (a rare second statement: only when the job's options grew). ``None``: the
+        insert (or the lock path) decides.
         """
-        row = (
-            self._runs()
-            .filter(job=c.job, slot=c.slot)
-            .annotate(now=ServerNowMs())
-            .values_list("state", "token", "attempt", "lease_until_ms", "now")
-            .first()
+        connection = connections[self.using]
+        quote = connection.ops.quote_name
+        columns = ", ".join(
+            f"r.{quote(name)}"
+            for name in ("id", "state", "token", "attempt", "lease_until_ms", "keep_ms",
+                         "max_attempts")
         )
-        if row is not None:
-            state, token, attempt, lease_until, now = row
-            if state == RUNNING and token != c.token and lease_until > now:
-                return ClaimOutcome.running(int(attempt))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {now_ms_sql(self.vendor)}, {columns} FROM (SELECT 1 AS one) d "
+                f"LEFT JOIN {quote(Run._meta.db_table)} r "
+                f"ON r.{quote('job')} = %s AND r.{quote('slot')} = %s",
+                [c.job, c.slot],
+            )
+            row = cursor.fetchone()
+        now, pk, state, token, attempt, lease_until, keep, attempts = row
+        now = int(now)
+        if pk is None:
+            if now < c.slot:
+                return ClaimOutcome.early(c.slot - now)
+            if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
+                return ClaimOutcome.late(now - c.slot)
+            return None
+        if state == RUNNING and token != c.token and lease_until > now:
+            if (keep, attempts) != (
+                _grown(keep, c.keep_ms), _grown(attempts, c.max_attempts)
+            ):
+                self._grow(pk, c)
+            return ClaimOutcome.running(int(attempt))
         return None
 
+    def _grow(self, pk: int, c: RunClaim) -> None:
+        """Raise a run's ``keep_ms`` and ``max_attempts`` to the claim's; never lower them.
+
+        One conditional UPDATE: it commutes with every other write, so it needs no lock.
+        """
+        values: dict[str, Any] = {}
+        for name, claimed in (("keep_ms", c.keep_ms), ("max_attempts", c.max_attempts)):
+            if claimed is not None:
+                smaller = Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__lt": claimed})
+                values[name] = Case(
+                    When(smaller, then=Value(claimed)),
+                    default=F(name),
+                    output_field=BigIntegerField(),
+                )
+        if values:
+            with self._single_write():
+                self._runs().filter(pk=pk).update(**values)
+
     def _claim_new(self, c: RunClaim) -> ClaimOutcome | None:
-        """A new run: the unique (job, slot) decides first, then the job's lock for overlap.
+        """A new run: the unique (job, slot) decides first, then the sweep and overlap.
 
         Claimers of one slot wait on the winner's insert, not on each other, and those of
-        other slots take turns on the job's lock row before looking for a live run. ``None``:
-        the run exists (or the claim is late), so the general lock path decides.
+        other slots (with overlap "skip") take turns on the job's lock row before looking
+        for a live run. ``None``: the run exists, or the claim is early or late by now, so
+        the general lock path decides. Nothing is inserted before the slot.
         """
         with self._write():
             now = self.now_ms()
-            if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
+            if now < c.slot or (c.max_late_ms is not None and now > c.slot + c.max_late_ms):
                 return None
             run = Run(
                 job=c.job,
@@ -508,6 +579,7 @@ class Store:
                 reason=c.reason,
                 started_at_ms=now,
                 keep_ms=c.keep_ms,
+                max_attempts=c.max_attempts,
             )
             try:
                 with transaction.atomic(using=self.using):
@@ -516,20 +588,63 @@ class Store:
                 return self._peek(c)
             if c.overlap == "skip":
                 locked_now = self._lock_job(c.job)
-                busy = (
-                    self._runs()
-                    .filter(job=c.job, state=RUNNING, lease_until_ms__gt=locked_now)
-                    .exclude(slot=c.slot)
-                    .aggregate(slot=Max("slot"))["slot"]
-                )
+                busy = self._sweep(c.job, c.slot, locked_now)
                 if busy is not None:
                     run.delete(using=self.using)
-                    return ClaimOutcome.overlap(int(busy))
+                    return ClaimOutcome.overlap(busy)
+            else:
+                self._sweep(c.job, c.slot, now)
             self._put_attempt(
                 c.job, c.slot, c.instance_id, 1, False,
                 reason=c.reason, status="running", started_at=now,
             )
             return ClaimOutcome.won(1)
+
+    def _sweep(self, job: str, slot: int, now: int) -> int | None:
+        """End the job's lapsed runs with their attempts used up; return the newest live slot.
+
+        Before a new run of ``job`` is decided: every other running run whose lease lapsed
+        by ``now`` and whose attempt reached its stored ``max_attempts`` becomes finished,
+        ``interrupted`` (its attempt too, unless its runner saved a result), so that a
+        crashed runner nobody may take over does not stay ``running`` forever. A row with
+        no ``max_attempts`` (the previous release wrote it) is left alone. Candidates are
+        re-read under their row locks, so a heartbeat or finish that got there first keeps
+        its run. The returned slot is what overlap "skip" refuses to run beside.
+        """
+        rows = list(
+            self._runs()
+            .filter(job=job, state=RUNNING)
+            .exclude(slot=slot)
+            .values_list("pk", "slot", "lease_until_ms", "attempt", "max_attempts")
+        )
+        used_up = [
+            pk
+            for pk, _, lease_until, attempt, most in rows
+            if lease_until <= now and most is not None and attempt >= most
+        ]
+        if used_up:
+            swept = list(
+                self._runs()
+                .select_for_update()
+                .filter(
+                    pk__in=used_up,
+                    state=RUNNING,
+                    lease_until_ms__lte=now,
+                    max_attempts__isnull=False,
+                    attempt__gte=F("max_attempts"),
+                )
+                .order_by("slot")
+            )
+            if swept:
+                self._runs().filter(pk__in=[run.pk for run in swept]).update(
+                    state=FINISHED, status="interrupted", finished_at_ms=now
+                )
+                for run in swept:
+                    self._interrupt(run, now, _USED_UP)
+        return max(
+            (int(other) for _, other, lease_until, _, _ in rows if lease_until > now),
+            default=None,
+        )
 
     def _run_claim_locked(self, c: RunClaim) -> ClaimOutcome:
         with self._write():
@@ -546,25 +661,26 @@ class Store:
         if (
             run is not None
             and run.state == FINISHED
-            and run.keep_ms is not None
-            and run.finished_at_ms is not None
-            and run.finished_at_ms + run.keep_ms < now
+            and now > forget_after_ms(
+                run.slot,
+                run.slot if run.finished_at_ms is None else run.finished_at_ms,
+                run.keep_ms,
+            )
         ):
-            run.delete()  # forgotten, as the store may once keep_ms has passed
+            run.delete()  # forgotten, as the store may once its retention has passed
             run = None
         if run is not None:
             return self._decide_existing(c, run, now)
         if c.mode == "takeover":
             return ClaimOutcome.none()
+        if now < c.slot:
+            return ClaimOutcome.early(c.slot - now)
         if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
             return ClaimOutcome.late(now - c.slot)
-        if c.overlap == "skip":
-            busy = self._runs().filter(
-                job=c.job, state=RUNNING, lease_until_ms__gt=now
-            ).aggregate(slot=Max("slot"))["slot"]
-            if busy is not None:
-                return ClaimOutcome.overlap(int(busy))
-        run = Run(job=c.job, slot=c.slot, keep_ms=c.keep_ms)
+        busy = self._sweep(c.job, c.slot, now)
+        if c.overlap == "skip" and busy is not None:
+            return ClaimOutcome.overlap(busy)
+        run = Run(job=c.job, slot=c.slot, keep_ms=c.keep_ms, max_attempts=c.max_attempts)
         self._start(c, run, 1, c.reason, now)
         return ClaimOutcome.won(1)
 
@@ -572,9 +688,13 @@ class Store:
         if run.state == CLAIMED:
             return ClaimOutcome.done()  # won through claim(): not a leased run
         dirty: list[str] = []
-        if c.keep_ms is not None and run.keep_ms != c.keep_ms:
-            run.keep_ms = c.keep_ms
+        keep, most = _grown(run.keep_ms, c.keep_ms), _grown(run.max_attempts, c.max_attempts)
+        if keep != run.keep_ms:
+            run.keep_ms = keep
             dirty.append("keep_ms")
+        if most != run.max_attempts:
+            run.max_attempts = most
+            dirty.append("max_attempts")
         if run.state == RUNNING:
             if run.token == c.token:
                 run.lease_until_ms = now + c.lease_ms
@@ -587,7 +707,7 @@ class Store:
                 self._interrupt(run, now, f"lease lapsed; taken over by {c.instance_id}")
                 self._start(c, run, run.attempt + 1, "takeover", now)
                 return ClaimOutcome.won(run.attempt)
-            self._interrupt(run, now, "lease lapsed; attempts used up")
+            self._interrupt(run, now, _USED_UP)
             run.state, run.status, run.finished_at_ms = FINISHED, "interrupted", now
             self._save(run, [*dirty, "state", "status", "finished_at_ms"])
             return ClaimOutcome.done()
@@ -611,9 +731,9 @@ class Store:
         run.status = None
         run.reason = reason
         run.started_at_ms = now
-        run.finished_at_ms = None
-        if c.keep_ms is not None:
-            run.keep_ms = c.keep_ms
+        run.finished_at_ms = None  # finish() relies on it: a running run has no finish
+        run.keep_ms = _grown(run.keep_ms, c.keep_ms)
+        run.max_attempts = _grown(run.max_attempts, c.max_attempts)
         run.save(using=self.using)
         self._put_attempt(
             c.job, c.slot, c.instance_id, attempt, False,
@@ -658,12 +778,23 @@ class Store:
         return self._retrying(beat)
 
     def finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
+        """Running with ``token``: finished now. Finished so already: True again (repeat-safe).
+
+        One UPDATE for both: a repeat (the first call's reply was lost) matches the finished
+        row and leaves its finish time, since a running run has no ``finished_at_ms``.
+        """
+
         def end() -> bool:
             with self._single_write():
                 return bool(
                     self._runs()
-                    .filter(job=job, slot=slot, token=token, state=RUNNING)
-                    .update(state=FINISHED, status=status, finished_at_ms=ServerNowMs())
+                    .filter(Q(state=RUNNING) | Q(state=FINISHED, status=status),
+                            job=job, slot=slot, token=token)
+                    .update(
+                        finished_at_ms=Coalesce(F("finished_at_ms"), ServerNowMs()),
+                        state=FINISHED,
+                        status=status,
+                    )
                 )
 
         return self._retrying(end)

@@ -6,10 +6,15 @@ backend may be used from one loop after another (sync twins via ``async_to_sync`
 from several threads at once. Each thread checks its connection before every batch of
 work, as Django does around a request, so that a dropped connection, a server restart
 or ``CONN_MAX_AGE`` never wedges a worker; a thread closes its connection when it ends.
+
+Work is taken in order, except that ``urgent`` work (a lease's heartbeat, finish and
+release) goes ahead of everything queued: a burst of claims must not keep a live runner's
+heartbeat waiting until its lease lapses and a backup takes the run over.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from collections.abc import Callable
@@ -23,6 +28,7 @@ __all__ = ["ConnectionThreads"]
 T = TypeVar("T")
 
 _Job = tuple["Future[Any]", Callable[[], Any]]
+_URGENT, _NORMAL, _STOP = 0, 1, 2
 
 
 class ConnectionThreads:
@@ -35,11 +41,15 @@ class ConnectionThreads:
         self.size = size
         self.name = name
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # (priority, order, work): urgent first, then first come first served; the
+        # stop markers last, so that shutdown() lets queued work finish.
+        self._queue: queue.PriorityQueue[tuple[int, int, _Job | None]] = queue.PriorityQueue()
+        self._order = itertools.count()
         self._threads: list[threading.Thread] = []
         self._idle = 0
 
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
+    def submit(self, fn: Callable[[], T], *, urgent: bool = False) -> Future[T]:
+        """Run ``fn`` in one of the threads; ``urgent`` work goes ahead of queued work."""
         future: Future[T] = Future()
         with self._lock:
             if self._idle == 0 and len(self._threads) < self.size:
@@ -50,7 +60,7 @@ class ConnectionThreads:
                 self._idle += 1
                 thread.start()
             self._idle -= 1
-        self._queue.put((future, fn))
+        self._queue.put((_URGENT if urgent else _NORMAL, next(self._order), (future, fn)))
         return future
 
     def shutdown(self) -> None:
@@ -59,7 +69,7 @@ class ConnectionThreads:
             threads, self._threads = self._threads, []
             self._idle = 0
             for _ in threads:
-                self._queue.put(None)
+                self._queue.put((_STOP, next(self._order), None))
         for thread in threads:
             thread.join()
         with self._lock:
@@ -69,7 +79,7 @@ class ConnectionThreads:
         connection = connections[self.using]
         try:
             while True:
-                item = self._queue.get()
+                _, _, item = self._queue.get()
                 if item is None:
                     return
                 future, fn = item
