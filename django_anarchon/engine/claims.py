@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from ..backends.base import ClaimInput, ClaimOutcome, RunClaim, RunReason
 from ..jobs import Job
 from ..retry import retry_store_call
-from .runner import Attempt, error_text
+from .calls import error_text
+from .runner import Attempt
 from .timer import now_ms
 
 if TYPE_CHECKING:

@@ -44,10 +44,11 @@ from ..jobs import (
     validate_options,
 )
 from ..retry import retry_store_call
+from .calls import error_text
 from .claims import ClaimFlows, new_token
 from .events import Callback, Event, EventName, EventRegistry
 from .pool import DaemonThreadPool
-from .runner import UNSET, Attempt, Runner, error_text
+from .runner import UNSET, Attempt, Runner
 from .timer import Timer, now_ms
 
 __all__ = ["JobSpecLike", "Scheduler"]
