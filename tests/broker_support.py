@@ -117,6 +117,121 @@ def delete_queues(url: str, prefix: str) -> None:
         asyncio.run(delete())
 
 
+def closed_port() -> int:
+    """A loopback port with nothing listening (bound once, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def init_fails_in_time(backend: Any, within_s: float) -> str:
+    """``backend.init()`` on an unreachable server: ``ConnectionError`` within ``within_s``.
+
+    Returns the error's text (one line). A hang fails the test at the deadline.
+    """
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(backend.init(), within_s + 10)
+    except ConnectionError as exc:
+        elapsed = time.monotonic() - started
+        assert elapsed < within_s, f"init() took {elapsed:.1f}s to fail: {exc}"
+        text = str(exc)
+        assert "\n" not in text, text
+        return text
+    except TimeoutError:
+        raise AssertionError(f"init() still hung after {within_s + 10:.0f}s") from None
+    finally:
+        await backend.close()
+    raise AssertionError("init() succeeded against a closed port")
+
+
+# -- one backend object shared by many coroutines ------------------------------------
+
+
+async def race_one_shared_backend(
+    backend: Any, *, claimers: int = 50, rounds: int = 40, job: str = "shared"
+) -> None:
+    """``claimers`` coroutines claim each of ``rounds`` slots through ONE backend object.
+
+    Each round has exactly one winner, whose retry with the same token is still a win;
+    history writes and reads (a manual run, a result, ``history()``) run alongside the
+    claims. The backend should be made with ``retry_for="0s"``: a broken connection
+    then fails the race instead of hiding behind a retry.
+    """
+    from django_anarchon.backends.base import ClaimInput, StoredResult
+
+    await backend.init()
+    await backend.prepare_job(job, 20)
+    slot0 = time.time_ns() // 1_000_000
+    for r in range(rounds):
+        slot = slot0 + r
+        inputs = [
+            ClaimInput(job=job, slot=slot, token=f"r{r}-c{i}", instance_id=f"I{i}")
+            for i in range(claimers)
+        ]
+        result = StoredResult(
+            slot=slot - 1, by="I0", attempt=1, status="success", started_at=slot,
+            finished_at=slot, duration_ms=0,
+        )
+        side = [
+            backend.record_manual_run(ClaimInput(job=job, slot=slot, token=f"m{r}", instance_id="M")),
+            backend.save_result(job, result, 20),
+            backend.history(job, 5),
+        ]
+        answers = await asyncio.gather(*(backend.claim(i) for i in inputs), *side)
+        won_by = [i for i, won in zip(inputs, answers, strict=False) if won is True]
+        assert len(won_by) == 1, f"round {r}: {len(won_by)} winners: {won_by}"
+        assert await backend.claim(won_by[0]) is True, f"round {r}: the winner's retry lost"
+    assert len(await backend.history(job, 100)) > 0
+
+
+async def race_across_connection_loss(
+    backends: list[Any], lose: Callable[[], object], *, claimers: int = 10, job: str = "loss"
+) -> int:
+    """Two or more backend objects race for slot after slot while ``lose()`` cuts them off.
+
+    ``lose()`` (run in a thread) takes the server's side of the connections away (a
+    server-side close, a restart). Every slot, before, during and after, has exactly one
+    winner among all claimers; afterwards each winner's token still wins and a new token
+    loses. Returns how many slots were raced.
+    """
+    from django_anarchon.backends.base import ClaimInput
+
+    for backend in backends:
+        await backend.init()
+    slot0 = time.time_ns() // 1_000_000
+    winners: dict[int, ClaimInput] = {}
+
+    async def one_round(r: int) -> None:
+        inputs = [
+            (b, ClaimInput(job=job, slot=slot0 + r, token=f"r{r}-b{n}-c{i}", instance_id=f"B{n}"))
+            for n, b in enumerate(backends) for i in range(claimers)
+        ]
+        answers = await asyncio.gather(*(b.claim(i) for b, i in inputs))
+        won_by = [i for (_, i), won in zip(inputs, answers, strict=False) if won is True]
+        assert len(won_by) == 1, f"slot {r}: {len(won_by)} winners: {won_by}"
+        winners[r] = won_by[0]
+
+    rounds = 0
+    for _ in range(5):
+        await one_round(rounds)
+        rounds += 1
+    losing = asyncio.ensure_future(asyncio.to_thread(lose))
+    while not losing.done():
+        await one_round(rounds)
+        rounds += 1
+    await losing
+    for _ in range(5):
+        await one_round(rounds)
+        rounds += 1
+    for r, won in winners.items():
+        assert await backends[r % len(backends)].claim(won) is True, f"slot {r}: winner lost"
+        late = ClaimInput(job=job, slot=won.slot, token=f"late-{r}", instance_id="L")
+        assert await backends[0].claim(late) is False, f"slot {r}: a second token won"
+    return rounds
+
+
 # -- restarts of the real local servers ----------------------------------------------
 
 
@@ -193,12 +308,12 @@ def ensure_nats_up(timeout: float = 30) -> None:
     wait_for(_jetstream_ready, timeout, "JetStream ready")
 
 
-def _jetstream_ready() -> bool:
+def _jetstream_ready(url: str = NATS_URL) -> bool:
     async def probe() -> bool:
         import nats
 
         try:
-            nc = await nats.connect(NATS_URL, connect_timeout=1, max_reconnect_attempts=0)
+            nc = await nats.connect(url, connect_timeout=1, max_reconnect_attempts=0)
         except Exception:
             return False
         try:
@@ -217,6 +332,86 @@ def restart_nats() -> None:
         stop_nats()
     finally:
         ensure_nats_up()
+
+
+class PrivateNatsServer:
+    """A nats-server of the test's own (JetStream on disk in ``store``), on a free port.
+
+    ``restart()`` stops it (SIGTERM: it flushes its streams; or SIGKILL) and starts it again
+    on the same port and store, so clients reconnect to the same URL and find their streams.
+    """
+
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        self.port = closed_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> PrivateNatsServer:
+        self._process = subprocess.Popen(
+            [NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_for(lambda: _nats_answers("127.0.0.1", self.port), 15, "private nats-server answering")
+        wait_for(lambda: _jetstream_ready(self.url), 15, "private JetStream ready")
+        return self
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self._process is not None:
+            if kill:
+                self._process.kill()
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(10)
+            self._process = None
+
+    def restart(self, *, down_s: float = 0.0, kill: bool = False) -> None:
+        """Stop (``kill``: SIGKILL, no flush), stay down ``down_s`` (the outage), start."""
+        self.stop(kill=kill)
+        time.sleep(down_s)
+        self.start()
+
+
+def _local_ports_to(remote_port: int) -> set[int]:
+    """Local ports of this process's TCP connections to ``remote_port`` (Linux /proc)."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                local, remote, inode = fields[1], fields[2], fields[9]
+                if inode in inodes and int(remote.rsplit(":", 1)[1], 16) == remote_port:
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def can_close_rabbitmq_connections() -> bool:
+    return shutil.which("rabbitmqctl") is not None and os.path.isdir("/proc/self/net")
+
+
+def close_my_rabbitmq_connections() -> int:
+    """Have the broker close every connection this process holds to it (a server close).
+
+    Only this process's connections: other tests share the broker. Returns how many.
+    """
+    mine = _local_ports_to(_host_port(RABBITMQ_URL, 5672)[1])
+    listed = _run("rabbitmqctl", "list_connections", "-q", "--no-table-headers", "pid", "peer_port")
+    closed = 0
+    for line in listed.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and int(parts[1]) in mine:
+            _run("rabbitmqctl", "close_connection", parts[0], "test: connection closed by the broker")
+            closed += 1
+    return closed
 
 
 # -- a proxy that loses answers ------------------------------------------------------

@@ -16,7 +16,14 @@ from django_anarchon.backends.base import ClaimInput, JobLimits
 from django_anarchon.backends.nats import NatsBackend
 from django_anarchon.exceptions import ConfigurationError
 
-from .broker_support import CuttingProxy, delete_nats_streams, nats_url
+from .broker_support import (
+    CuttingProxy,
+    closed_port,
+    delete_nats_streams,
+    init_fails_in_time,
+    nats_url,
+    race_one_shared_backend,
+)
 
 pytestmark = pytest.mark.nats
 
@@ -230,3 +237,33 @@ def test_job_keys_are_distinct_safe_and_stable() -> None:
     assert job_key("Ωμέγα.αναφορά") != job_key("ωμέγα.αναφορά")
     assert job_key("café") == job_key("café")  # the same name always maps the same way
     assert job_key("cafe\u0301") != job_key("caf\u00e9")  # the exact name, not a look-alike
+
+
+async def test_fifty_claimers_share_one_backend_object(names: tuple[str, str, str]) -> None:
+    """One connection, many coroutines: exactly one winner per slot, no retry to hide behind."""
+    backend = _backend(names, retry_for="0s")
+    try:
+        await race_one_shared_backend(backend, claimers=50, rounds=40)
+    finally:
+        await backend.close()
+
+
+@pytest.mark.parametrize(
+    ("userinfo", "shown", "timeout_option", "within"),
+    [("user:s3cret@", "user:***@", "1s", 4.0), ("s3cret@", "***@", "5s", 8.0), ("", "", "1s", 4.0)],
+)
+async def test_init_fails_in_time_when_nothing_listens(
+    userinfo: str, shown: str, timeout_option: str, within: float
+) -> None:
+    """nats-py retries a first connect forever when it may reconnect: init() must not hang."""
+    port = closed_port()
+    backend = NatsBackend(url=f"nats://{userinfo}127.0.0.1:{port}", timeout=timeout_option, retry_for="1s")
+    text = await init_fails_in_time(backend, within)
+    assert f"nats://{shown}127.0.0.1:{port}" in text
+    assert "s3cret" not in text
+
+
+def test_describe_hides_a_token() -> None:
+    text = NatsBackend("nats://s3cret@10.0.0.1:4222").describe()
+    assert "s3cret" not in text
+    assert "nats://***@10.0.0.1:4222" in text

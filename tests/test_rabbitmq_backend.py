@@ -15,7 +15,14 @@ from django_anarchon.backends.base import ClaimInput, JobLimits
 from django_anarchon.backends.rabbitmq import RabbitMQBackend
 from django_anarchon.exceptions import ConfigurationError
 
-from .broker_support import CuttingProxy, delete_queues, rabbitmq_url
+from .broker_support import (
+    CuttingProxy,
+    closed_port,
+    delete_queues,
+    init_fails_in_time,
+    rabbitmq_url,
+    race_one_shared_backend,
+)
 from .test_nats_backend import TRICKY_NAMES
 
 pytestmark = pytest.mark.rabbitmq
@@ -212,3 +219,44 @@ def test_describe_hides_the_password() -> None:
     text = RabbitMQBackend("amqp://user:secret@10.0.0.1:5672/vhost").describe()
     assert "secret" not in text
     assert "amqp://user:***@10.0.0.1:5672/vhost" in text
+
+
+async def test_fifty_claimers_share_one_backend_object(prefix: tuple[str, str]) -> None:
+    """Lost claims close channels under concurrent claims: the connection must survive it.
+
+    aiormq drops the close-ok of a channel the broker closed when its frame queue is full,
+    and the broker then ends the connection ("second 'channel.open' seen"). With no retry,
+    any such break fails the race.
+    """
+    backend = _backend(prefix, retry_for="0s")
+    try:
+        await race_one_shared_backend(backend, claimers=50, rounds=40)
+    finally:
+        await backend.close()
+
+
+@pytest.mark.parametrize(("timeout_option", "retry_for", "within"), [("1s", "1s", 4.0), ("5s", "5s", 8.0)])
+async def test_init_fails_in_time_when_nothing_listens(
+    timeout_option: str, retry_for: str, within: float
+) -> None:
+    """A worker started while the broker is down gets a clear error, not a hang."""
+    port = closed_port()
+    backend = RabbitMQBackend(
+        f"amqp://guest:s3cret@127.0.0.1:{port}/", timeout=timeout_option, retry_for=retry_for
+    )
+    text = await init_fails_in_time(backend, within)
+    assert f"amqp://guest:***@127.0.0.1:{port}/" in text
+    assert "s3cret" not in text
+
+
+async def test_a_closed_given_connection_fails_calls_and_stays_closed(prefix: tuple[str, str]) -> None:
+    """A connection of the caller's that closed cannot be replaced: calls fail, never hang."""
+    import aio_pika
+
+    connection = await aio_pika.connect(prefix[0])
+    backend = _backend(prefix, url=None, connection=connection, retry_for="0s")
+    await backend.init()
+    await connection.close()
+    with pytest.raises(ConnectionError, match="given"):
+        await asyncio.wait_for(backend.claim(_input("given-closed", 1, "t")), 10)
+    await backend.close()

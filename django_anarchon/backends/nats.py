@@ -17,6 +17,7 @@ History lives in one stream per job with two subjects (claims, results), each bo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -49,6 +50,7 @@ _SUBJECT_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 def _import_nats() -> Any:
     try:
         import nats
+        import nats.aio.client
         import nats.errors
         import nats.js.api
         import nats.js.errors
@@ -141,15 +143,42 @@ class NatsBackend(BaseBackend):
     # -- connection -------------------------------------------------------------------
 
     async def _connect(self) -> Any:
+        """A connected client, or ``ConnectionError`` once ``timeout`` passed without one.
+
+        nats-py keeps trying a first connect forever when it may reconnect (and it must
+        reconnect after a first connect succeeded), so the first connect is bounded here:
+        a worker started while the server is down fails ``init()`` and can retry or stop.
+        """
         nats = _import_nats()
-        return await nats.connect(
-            servers=self.servers,
-            connect_timeout=min(self.timeout_s, 2.0),
-            reconnect_time_wait=0.25,
-            max_reconnect_attempts=-1,
-            allow_reconnect=True,
-            name="django-anarchon",
-        )
+        last_error: list[BaseException] = []
+
+        async def note(exc: Exception) -> None:
+            last_error[:] = [exc]
+            logger.debug("NATS connection trouble: %r", exc)
+
+        client = nats.aio.client.Client()
+        try:
+            await asyncio.wait_for(
+                client.connect(
+                    servers=self.servers,
+                    connect_timeout=min(self.timeout_s, 2.0),
+                    reconnect_time_wait=0.25,
+                    max_reconnect_attempts=-1,
+                    allow_reconnect=True,
+                    name="django-anarchon",
+                    error_cb=note,
+                ),
+                self.timeout_s,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            with contextlib.suppress(Exception):
+                await client.close()
+            cause = last_error[0] if last_error else exc
+            raise ConnectionError(
+                f"NATS server {', '.join(_redact(s) for s in self.servers)} not reachable "
+                f"within {self.timeout_s:g}s: {_redact(repr(cause))}"
+            ) from None
+        return client
 
     @staticmethod
     async def _disconnect(nc: Any) -> None:
@@ -424,6 +453,7 @@ class NatsBackend(BaseBackend):
         return f"nats ({', '.join(_redact(s) for s in self.servers)}; dedupe window {window})"
 
 
-def _redact(url: str) -> str:
-    """A URL without its password, for banners and logs."""
-    return re.sub(r"//([^:/@]+):[^@/]*@", r"//\1:***@", url)
+def _redact(text: str) -> str:
+    """``text`` without the password or token of any URL in it, for banners and errors."""
+    text = re.sub(r"//([^:/@\s]+):[^@/\s]*@", r"//\1:***@", text)
+    return re.sub(r"//[^:/@\s]+@", "//***@", text)  # a bare token: nats://<token>@host

@@ -28,6 +28,8 @@ from ``history_size`` and in age by ``history_max_age``; readers never remove an
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import re
 import time
@@ -53,6 +55,8 @@ _PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _TOKEN_ARG = "x-dead-letter-routing-key"
 _RECORD_BYTES = 600  # a generous size of one history message, for the stream's byte bound
 _MAX_AGE = re.compile(r"\d+[YMDhms]")
+_PREFETCH = 500  # history messages in flight to a reader
+_ACK_EVERY = 100  # a reader acks (multiple) every this many, well inside _PREFETCH
 
 
 def _import_aio_pika() -> Any:
@@ -78,13 +82,114 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass
+#: Operations at once on one connection; more at once open more connections (``_Pool``).
+#:
+#: aiormq (7.2 at least) queues at most 10 frames per connection, and when that queue is
+#: full it silently drops the ``channel.close-ok`` it owes the broker for a channel the
+#: broker closed, as it closes the channel of every lost claim (``PRECONDITION_FAILED``).
+#: The broker then keeps that channel number half-closed, aiormq reuses the number, and
+#: the broker ends the whole connection: "CHANNEL_ERROR - second 'channel.open' seen".
+#: Each operation here has at most one frame queued at a time and one request awaiting
+#: its answer, so with 4 at once the queue holds at most 4 requests, 4 close-oks and a
+#: heartbeat: never full.
+IN_FLIGHT = 4
+#: Connections one event loop opens at most (so ``IN_FLIGHT`` x this operations at once).
+MAX_CONNECTIONS = 4
+
+
+@dataclass(eq=False)
 class _Link:
-    """One AMQP connection and its idle channels (a 406 closes a channel, so pool them)."""
+    """One AMQP connection, its idle channels (a 406 closes a channel, so pool them), and
+    how many operations use it now (at most ``IN_FLIGHT``)."""
 
     connection: Any
     plain: list[Any] = field(default_factory=list)
     confirmed: list[Any] = field(default_factory=list)
+    busy: int = 0
+
+    def usable(self) -> bool:
+        # aio-pika marks its connection closed a little after the socket is gone: ask the
+        # underlying aiormq connection too.
+        if self.connection.is_closed:
+            return False
+        transport = getattr(self.connection, "transport", None)
+        raw = getattr(transport, "connection", None)
+        return not getattr(raw, "is_closed", False)
+
+
+class _Pool:
+    """One event loop's connections: an operation takes a permit on the least busy one.
+
+    A new connection opens only when every open one has ``IN_FLIGHT`` operations, up to
+    ``limit``; past that, operations wait for a permit to come back. A broken
+    connection is dropped (and closed) the next time an operation looks; the next one
+    needed is opened afresh. ``release`` is synchronous, so a cancelled operation can
+    never keep its permit.
+    """
+
+    def __init__(self, open_link: Callable[[], Awaitable[_Link]] | None, limit: int) -> None:
+        self._open_link = open_link  # None: a connection we were given, the only one
+        self._limit = limit
+        self.links: list[_Link] = []
+        self._opening = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self) -> _Link:
+        while True:
+            for link in [link for link in self.links if not link.usable()]:
+                if self._open_link is None:
+                    raise ConnectionError("the RabbitMQ connection given to the backend is closed")
+                await self.drop(link)
+            free = [link for link in self.links if link.busy < IN_FLIGHT]
+            if free:
+                link = min(free, key=lambda link: link.busy)
+                link.busy += 1
+                return link
+            if self._open_link is not None and len(self.links) + self._opening < self._limit:
+                self._opening += 1
+                try:
+                    link = await self._open_link()
+                finally:
+                    self._opening -= 1
+                    self._wake()  # if it failed, a waiter may try to open one itself
+                link.busy = 1
+                self.links.append(link)
+                return link
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken, then cancelled: pass the turn on
+                raise
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+
+    def release(self, link: _Link) -> None:
+        link.busy -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def drop(self, link: _Link) -> None:
+        """Forget ``link`` (it broke) and close it; its operations fail and retry."""
+        if self._open_link is None or link not in self.links:
+            return  # a connection we were given stays, and is never closed here
+        self.links.remove(link)
+        self._wake()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(link.connection.close(), 1.0)
+
+    async def close(self) -> None:
+        for link in list(self.links):
+            await self.drop(link)
 
 
 class RabbitMQBackend(BaseBackend):
@@ -138,60 +243,76 @@ class RabbitMQBackend(BaseBackend):
         self.history_max_age = history_max_age
         self.timeout_s = parse_duration(timeout, option="timeout", allow_zero=False) / 1000
         self.retry_for_s = parse_duration(retry_for, option="retry_for") / 1000
-        self._given = _Link(connection) if connection is not None else None
-        self._links: LoopBound[_Link] = LoopBound(self._connect, self._disconnect, self._usable)
+        self._given: _Pool | None = None
+        if connection is not None:
+            self._given = _Pool(None, 1)
+            self._given.links.append(_Link(connection))
+        self._pools: LoopBound[_Pool] = LoopBound(self._connect, self._disconnect, self._usable)
         self._checked = False
         self._streams_ready: set[str] = set()
 
     # -- connection -------------------------------------------------------------------
 
-    async def _connect(self) -> _Link:
+    async def _connect(self) -> _Pool:
+        pool = _Pool(self._open_link, MAX_CONNECTIONS)
+        pool.links.append(await self._open_link())
+        return pool
+
+    async def _open_link(self) -> _Link:
         aio_pika = _import_aio_pika()
-        connection = await aio_pika.connect(
-            self.url, timeout=self.timeout_s, client_properties={"connection_name": "django-anarchon"}
-        )
+        try:
+            connection = await aio_pika.connect(
+                self.url, timeout=self.timeout_s,
+                client_properties={"connection_name": "django-anarchon"},
+            )
+        except (TimeoutError, OSError, _errors().AMQPError) as exc:
+            detail = _redact(repr(exc))
+            raise ConnectionError(f"RabbitMQ at {self._safe_url()} not reachable: {detail}") from exc
         return _Link(connection)
 
     @staticmethod
-    async def _disconnect(link: _Link) -> None:
-        await link.connection.close()
+    async def _disconnect(pool: _Pool) -> None:
+        await pool.close()
 
     @staticmethod
-    def _usable(link: _Link) -> bool:
-        # aio-pika marks its connection closed a little after the socket is gone: ask the
-        # underlying aiormq connection too.
-        if link.connection.is_closed:
-            return False
-        transport = getattr(link.connection, "transport", None)
-        raw = getattr(transport, "connection", None)
-        return not getattr(raw, "is_closed", False)
+    def _usable(pool: _Pool) -> bool:
+        # Broken connections are the pool's business; an empty pool opens one afresh.
+        return True
 
-    async def _link(self) -> _Link:
+    async def _pool(self) -> _Pool:
         if self._given is not None:
             return self._given
-        return await self._links.get()
+        return await self._pools.get()
 
     async def _with_channel(self, confirmed: bool, use: Callable[[Any], Awaitable[T]]) -> T:
-        """Run ``use(channel)`` on an idle channel of this loop's connection."""
-        link = await self._link()
-        idle = link.confirmed if confirmed else link.plain
-        channel = None
-        while idle and channel is None:
-            candidate = idle.pop()
-            if not candidate.is_closed:
-                channel = candidate
-        if channel is None:
-            try:
-                channel = await link.connection.channel(publisher_confirms=confirmed)
-            except RuntimeError as exc:  # aiormq: "<Connection ...> closed"
-                if link is not self._given:
-                    await self._links.discard(link)
-                raise ConnectionError(str(exc)) from exc
+        """Run ``use(channel)`` on an idle channel of a connection of this loop."""
+        pool = await self._pool()
+        link = await pool.acquire()
         try:
-            return await use(channel)
+            idle = link.confirmed if confirmed else link.plain
+            channel = None
+            while idle and channel is None:
+                candidate = idle.pop()
+                if not candidate.is_closed:
+                    channel = candidate
+            if channel is None:
+                channel = await self._open_channel(pool, link, confirmed)
+            try:
+                return await use(channel)
+            finally:
+                if not channel.is_closed and link.usable():
+                    idle.append(channel)
         finally:
-            if not channel.is_closed and not link.connection.is_closed:
-                idle.append(channel)
+            pool.release(link)
+
+    @staticmethod
+    async def _open_channel(pool: _Pool, link: _Link, confirmed: bool) -> Any:
+        """A new channel on ``link`` (the caller holds one of its permits)."""
+        try:
+            return await link.connection.channel(publisher_confirms=confirmed)
+        except RuntimeError as exc:  # aiormq: "<Connection ...> closed"
+            await pool.drop(link)
+            raise ConnectionError(str(exc)) from exc
 
     def _retryable(self, exc: BaseException) -> bool:
         errors = _errors()
@@ -248,7 +369,7 @@ class RabbitMQBackend(BaseBackend):
     async def init(self) -> None:
         """Connect, and check once that the broker refuses a claim queue with another token."""
         if self._checked:
-            await self._link()
+            await self._pool()
             return
         await self._retrying("init", "*", self._check_refusal)
         self._checked = True
@@ -389,52 +510,62 @@ class RabbitMQBackend(BaseBackend):
 
         A stream consumer cannot tell "nothing more" from "not yet", so the reader first
         appends a marker of its own, then reads from the first offset up to that marker.
+        One coroutine sends every frame of the read (acks included), so it takes one
+        ``IN_FLIGHT`` permit.
         """
         aio_pika = _import_aio_pika()
         errors = _errors()
         name = self.history_queue(job)
 
         async def read() -> list[dict[str, Any]]:
-            link = await self._link()
-            channel = await link.connection.channel(publisher_confirms=True)
+            pool = await self._pool()
+            link = await pool.acquire()
             try:
+                channel = await self._open_channel(pool, link, True)
                 try:
-                    queue = await channel.declare_queue(name, passive=True, timeout=self.timeout_s)
-                except errors.ChannelNotFoundEntity:
-                    return []
-                marker = uuid.uuid4().hex
-                marker_body = (
-                    b'{"v": %d, "kind": "marker", "id": "%s"}' % (records.FORMAT, marker.encode())
-                )
-                await channel.default_exchange.publish(
-                    aio_pika.Message(marker_body), routing_key=name, timeout=self.timeout_s
-                )
-                await channel.set_qos(prefetch_count=500)
-                bodies: list[dict[str, Any]] = []
-                done = asyncio.get_running_loop().create_future()
-
-                async def on_message(message: Any) -> None:
-                    await message.ack()
-                    body = records.parse(message.body)
-                    if body is None or done.done():
-                        return
-                    if body.get("kind") == "marker":
-                        if body.get("id") == marker:
-                            done.set_result(None)
-                        return
-                    bodies.append(body)
-
-                tag = await queue.consume(
-                    on_message, arguments={"x-stream-offset": "first"}, timeout=self.timeout_s
-                )
-                try:
-                    await asyncio.wait_for(done, self.timeout_s)
+                    return await asyncio.wait_for(scan(channel), self.timeout_s)
                 finally:
-                    await queue.cancel(tag)
-                return bodies
+                    if not channel.is_closed:  # closing it also ends the consumer
+                        await channel.close()
             finally:
-                if not channel.is_closed:
-                    await channel.close()
+                pool.release(link)
+
+        async def scan(channel: Any) -> list[dict[str, Any]]:
+            try:
+                queue = await channel.declare_queue(name, passive=True, timeout=self.timeout_s)
+            except errors.ChannelNotFoundEntity:
+                return []
+            marker = uuid.uuid4().hex
+            marker_body = b'{"v": %d, "kind": "marker", "id": "%s"}' % (
+                records.FORMAT, marker.encode(),
+            )
+            await channel.default_exchange.publish(
+                aio_pika.Message(marker_body), routing_key=name, timeout=self.timeout_s
+            )
+            await channel.set_qos(prefetch_count=_PREFETCH)
+            inbox: asyncio.Queue[Any] = asyncio.Queue()
+
+            async def on_message(message: Any) -> None:
+                inbox.put_nowait(message)  # no frame here: this coroutine sends them all
+
+            await queue.consume(
+                on_message, arguments={"x-stream-offset": "first"}, timeout=self.timeout_s
+            )
+            bodies: list[dict[str, Any]] = []
+            seen = 0
+            while True:
+                message = await inbox.get()
+                seen += 1
+                if seen % _ACK_EVERY == 0:  # a stream consumer acks to get more credit
+                    await message.ack(multiple=True)
+                body = records.parse(message.body)
+                if body is None:
+                    continue
+                if body.get("kind") == "marker":
+                    if body.get("id") == marker:
+                        return bodies
+                    continue
+                bodies.append(body)
 
         return await self._retrying("history read", job, read)
 
@@ -445,10 +576,17 @@ class RabbitMQBackend(BaseBackend):
         return records.to_history(job, bodies, limit, _now_ms(), newest_last=True)
 
     async def close(self) -> None:
-        await self._links.close_all()
+        await self._pools.close_all()
 
     def describe(self) -> str:
         if self.url is None:
             return f"rabbitmq (given connection; dedupe window {self.window_ms} ms)"
-        safe = re.sub(r"//([^:/@]+):[^@/]*@", r"//\1:***@", self.url)
-        return f"rabbitmq ({safe}; dedupe window {self.window_ms} ms)"
+        return f"rabbitmq ({self._safe_url()}; dedupe window {self.window_ms} ms)"
+
+    def _safe_url(self) -> str:
+        return _redact(self.url or "")
+
+
+def _redact(text: str) -> str:
+    """``text`` without the password of any URL in it, for banners and errors."""
+    return re.sub(r"//([^:/@\s]+):[^@/\s]*@", r"//\1:***@", text)
