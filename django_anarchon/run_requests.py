@@ -3,18 +3,23 @@
 A web request must never run a job itself (it would hold the request open and run on a
 web worker), so the admin files a ``RunRequest`` and every ``anarchon_worker`` polls for
 the unclaimed requests of its schedulers. A conditional UPDATE hands each request to
-exactly one worker; that worker records and runs a manual run through ``arun_now``.
+exactly one worker; that worker records and runs a manual run through ``arun_now``. A
+worker claims only requests for jobs it has, and a request whose claimer died before
+the run started is taken by another worker after ``ABANDONED_AFTER_S``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, close_old_connections
-from django.utils import timezone
+from django.db.models import Q
+from django.db.models.functions import Now
 
 if TYPE_CHECKING:
     from .engine import Scheduler
@@ -25,6 +30,8 @@ logger = logging.getLogger("django_anarchon")
 #: How often a worker looks for new requests, and how long it backs off when it cannot.
 POLL_S = 1.0
 BACKOFF_S = 30.0
+#: A request claimed this long ago whose run never started is taken by another worker.
+ABANDONED_AFTER_S = 60.0
 
 
 def file_request(scheduler: str, job: str, data: Any = None, requested_by: str = "") -> RunRequest:
@@ -36,18 +43,39 @@ def file_request(scheduler: str, job: str, data: Any = None, requested_by: str =
     )
 
 
-def claim_requests(scheduler: str, instance_id: str, limit: int = 10) -> list[RunRequest]:
-    """The unclaimed requests of ``scheduler`` that this instance won (each wins once)."""
+def _open(jobs: Collection[str] | None) -> Q:
+    """Requests nobody runs: unclaimed, or claimed by a worker that never started them.
+
+    A worker notes the slot as soon as the manual run is in the store, so a claim older
+    than ``ABANDONED_AFTER`` without a slot was made by a worker that died (or lost its
+    database) in between; the database's clock decides, not the worker's.
+    """
+    stale = Now() - timedelta(seconds=ABANDONED_AFTER_S)
+    query = Q(claimed_at__isnull=True) | Q(slot__isnull=True, claimed_at__lt=stale)
+    if jobs is not None:
+        query &= Q(job__in=list(jobs))
+    return query
+
+
+def claim_requests(
+    scheduler: str, instance_id: str, limit: int = 10, jobs: Collection[str] | None = None
+) -> list[RunRequest]:
+    """The open requests of ``scheduler`` (for ``jobs``, if given) that this instance won.
+
+    A worker passes the jobs it has, so that a request for a job another release or
+    another worker defines is left for that one rather than dropped.
+    """
     from .models import RunRequest
 
     close_old_connections()
     won = []
-    pending = RunRequest.objects.filter(scheduler=scheduler, claimed_at__isnull=True)
+    pending = RunRequest.objects.filter(_open(jobs), scheduler=scheduler)
     for request in pending.order_by("requested_at")[:limit]:
-        updated = RunRequest.objects.filter(pk=request.pk, claimed_at__isnull=True).update(
-            claimed_by=instance_id, claimed_at=timezone.now()
+        updated = RunRequest.objects.filter(_open(jobs), pk=request.pk).update(
+            claimed_by=instance_id, claimed_at=Now()
         )
         if updated:
+            request.refresh_from_db()
             won.append(request)
     return won
 
@@ -63,15 +91,18 @@ async def run_request(scheduler: Scheduler, request: RunRequest) -> None:
     logger.info(
         "run request %s: job=%s requested_by=%s", request.pk, request.job, request.requested_by or "?"
     )
+
+    async def recorded(slot: int) -> None:
+        # Noted before the job runs: from now on nobody takes the request over.
+        try:
+            await sync_to_async(record_slot, thread_sensitive=False)(request.pk, slot)
+        except DatabaseError:
+            logger.warning("could not note the slot of run request %s", request.pk, exc_info=True)
+
     try:
-        record = await scheduler.arun_now(request.job, data=request.data)
+        await scheduler._run_now(request.job, request.data, recorded)
     except Exception:
         logger.exception("run request %s for job %s could not run", request.pk, request.job)
-        return
-    try:
-        await sync_to_async(record_slot, thread_sensitive=False)(request.pk, record.slot)
-    except DatabaseError:
-        logger.warning("could not note the slot of run request %s", request.pk, exc_info=True)
 
 
 async def pickup_loop(schedulers: list[Scheduler], poll_s: float = POLL_S) -> None:
@@ -83,7 +114,8 @@ async def pickup_loop(schedulers: list[Scheduler], poll_s: float = POLL_S) -> No
         delay = poll_s
         for scheduler in schedulers:
             try:
-                requests = await claim(scheduler.name, scheduler.instance_id)
+                jobs = [info.name for info in scheduler.jobs()]
+                requests = await claim(scheduler.name, scheduler.instance_id, 10, jobs)
             except DatabaseError as exc:
                 logger.warning(
                     "cannot read run requests (%s); is `manage.py migrate` done? Retrying in %ss",

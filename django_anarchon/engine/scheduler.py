@@ -766,6 +766,15 @@ class Scheduler:
 
     async def arun_now(self, name: str, data: Any = None) -> RunRecord:
         """Run ``name`` now on this instance (manual, never deduplicated) and return its record."""
+        return await self._run_now(name, data)
+
+    async def _run_now(
+        self,
+        name: str,
+        data: Any = None,
+        recorded: Callable[[int], Coroutine[Any, Any, None]] | None = None,
+    ) -> RunRecord:
+        """``arun_now``; ``recorded(slot)`` is awaited once the run is in the store."""
         job = self._state(name).job
         await self._ensure_init()
         o = job.options
@@ -792,6 +801,8 @@ class Scheduler:
             lease=False,
             run_data=UNSET if data is None else data,
         )
+        if recorded is not None:
+            await recorded(attempt.slot)
         if self._stopping:
             attempt.abort("stop")
         return await self.run_attempt(attempt)
