@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -106,3 +107,30 @@ def test_a_trimmed_slot_is_refused_quietly(
 
     asyncio.run(main())
     assert lost_warnings(caplog) == []
+
+
+def test_a_claim_ahead_of_the_server_clock_waits_for_its_slot(make: Factory) -> None:
+    """A claimer whose clock runs ahead must not add a later slot before the others claim
+    the earlier ones (they could then never be added): it waits for the server's clock."""
+
+    async def scenario() -> None:
+        backend, other = make(1000), make(1000)
+        try:
+            job = "stream-ahead"
+            await backend.init()
+            await backend.prepare_job(job, 10)
+            now = time.time_ns() // 1_000_000
+            later, earlier = now + 1_500, now + 500
+            claim_later = asyncio.ensure_future(
+                backend.claim(ClaimInput(job, later, "ahead", "ahead"))
+            )
+            await asyncio.sleep(0.1)
+            assert not claim_later.done()  # waiting for its slot, nothing added yet
+            assert await other.claim(ClaimInput(job, earlier, "in-time", "B")) is True
+            assert await claim_later is True
+            assert time.time_ns() // 1_000_000 >= later
+        finally:
+            for b in (backend, other):
+                await b.close()
+
+    asyncio.run(scenario())

@@ -47,6 +47,8 @@ __all__ = ["Driver", "RedisProtocolBackend", "RedisRunStore"]
 
 logger = logging.getLogger("django_anarchon")
 
+#: Longest single wait of a stream-id claim that is ahead of the server's clock.
+EARLY_WAIT_CAP_MS = 30_000
 #: Calls are retried on a dropped connection; the token makes a repeated claim safe.
 RETRIES = 3
 #: The format of history records (JSON); run hashes have their own (``scripts.RUN_FORMAT``).
@@ -405,11 +407,18 @@ class RedisProtocolBackend(BaseBackend):
         )
 
     async def claim(self, input: ClaimInput) -> bool:
-        return self._claimed(input, await self.eval(*self._claim_call(input)))
+        reply = int(await self.eval(*self._claim_call(input)))
+        while reply < 0:  # stream-id: ahead of the server's clock; wait for the slot
+            await asyncio.sleep(min(-reply, EARLY_WAIT_CAP_MS) / 1000)
+            reply = int(await self.eval(*self._claim_call(input)))
+        return self._claimed(input, reply)
 
     async def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
         results = await self.eval_many([self._claim_call(i) for i in inputs])
-        return [self._claimed(i, r) for i, r in zip(inputs, results, strict=True)]
+        return [
+            await self.claim(i) if int(r) < 0 else self._claimed(i, r)
+            for i, r in zip(inputs, results, strict=True)
+        ]
 
     def _claimed(self, input: ClaimInput, reply: Any) -> bool:
         """Whether a claim script's reply is a win; says so loudly when the slot is lost."""

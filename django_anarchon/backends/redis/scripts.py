@@ -160,6 +160,9 @@ return 1
 #: What STREAM_CLAIM answers (besides 1 won and 0 taken) for a slot nobody holds and
 #: nobody can claim any more: a later slot's entry came first.
 STREAM_PASSED = 2
+#: A negative answer of STREAM_CLAIM: the slot is this many ms ahead of the server's
+#: clock. A claimer whose clock runs ahead would otherwise add a later slot before the
+#: others claimed the earlier ones, which then could never be claimed.
 
 # claim() of the stream-id strategy: XADD with the explicit ID <slot>-1. The server
 # refuses an ID equal to or smaller than the stream's last one, even after trimming.
@@ -174,6 +177,8 @@ STREAM_PASSED = 2
 STREAM_CLAIM = _script(
     "stream_claim",
     r"""
+local wait = tonumber(ARGV[1]) - now_ms()
+if wait > 0 then return -wait end  -- STREAM_EARLY: XADD in slot order, never ahead of it
 local id = ARGV[1] .. '-1'
 local res = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], id,
                         'token', ARGV[2], 'by', ARGV[3])
