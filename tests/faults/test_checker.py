@@ -1,0 +1,211 @@
+"""The fault checker on synthetic logs: a clean run, and each kind of violation alone.
+
+The checker is the suite's judge, so it is tested the way a judge should be: every rule
+fires on exactly the case it names, and its excuses (documented blind spots) excuse only
+what they should.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from .checker import Event, JobSpec, Line, Rules, Verdict, check
+
+SHORT = JobSpec("a", 1000)
+LONG = JobSpec("long", 5000, run_ms=2000, max_attempts=2)
+JOBS = [SHORT, LONG]
+TERM = 22_000.0
+
+
+def line(job: str, slot: int, instance: str, at: float, *, attempt: int = 1,
+         reason: str = "scheduled", skew: int = 0, event: str = "start") -> Line:
+    """A handler line written at true time ``at`` by a worker whose clock is ``skew`` off."""
+    raw = json.dumps({"event": event, "job": job, "slot": slot, "instance": instance,
+                      "attempt": attempt, "reason": reason, "t_ms": at + skew, "skew_ms": skew})
+    return Line.parse(raw)
+
+
+def worker(instance: str, *, skew: int = 0, ready: float = 0.0, stop_after: float = 400.0,
+           rc: int = 0) -> list[Event]:
+    return [Event("spawn", ready - 500, instance, skew_ms=skew), Event("ready", ready, instance),
+            Event("term", TERM, instance), Event("exit", TERM + stop_after, instance, rc=rc)]
+
+
+def clean_lines(skew_w1: int = 0) -> list[Line]:
+    out = []
+    for i, slot in enumerate(range(9000, 22_000, 1000)):
+        who, skew = ("w0", 0) if i % 2 else ("w1", skew_w1)
+        out.append(line("a", slot, who, slot + 5, skew=skew))
+    for slot in (10_000, 15_000, 20_000):
+        out.append(line("long", slot, "w0", slot + 3))
+    return out
+
+
+def clean_events() -> list[Event]:
+    return [*worker("w0"), *worker("w1")]
+
+
+def verdict(lines: list[Line], events: list[Event], *, lease: bool = True) -> Verdict:
+    return check(JOBS, lines, events, Rules(lease_store=lease, window=(10_000, 20_000)))
+
+
+def only(v: Verdict, kind: str, n: int = 1) -> None:
+    expected = {k: 0 for k in v.counts()}
+    expected[kind] = n
+    assert v.counts() == expected, v.summary()
+
+
+def test_a_clean_run_is_clean() -> None:
+    v = verdict(clean_lines(), clean_events())
+    assert v.ok, v.summary()
+    assert v.stats["slots"] == 11 + 3 and not v.excused
+
+
+def test_two_starts_of_one_slot_are_a_duplicate() -> None:
+    v = verdict([*clean_lines(), line("a", 12_000, "w0", 12_300)], clean_events())
+    only(v, "duplicate")
+    assert "a slot 12000 started 2 times" in v.violations[0].message
+    assert len(v.violations[0].lines) == 2
+
+
+def test_two_starts_of_one_attempt_are_a_duplicate_and_two_attempts_are_not() -> None:
+    twice = [*clean_lines(), line("long", 15_000, "w1", 15_010)]
+    only(verdict(twice, clean_events()), "duplicate")
+    # A takeover of a killed runner is a second start of the slot, and is fine.
+    events = [*clean_events(), *worker("w2")[:2], Event("kill", 16_000, "w2")]
+    takeover = [*clean_lines(), line("long", 15_000, "w2", 15_004),
+                line("long", 15_000, "w1", 19_000, attempt=2, reason="takeover")]
+    takeover.remove(line("long", 15_000, "w0", 15_003))
+    v = verdict(takeover, events)
+    assert v.ok, v.summary()
+    assert v.excused == {"takeover: runner killed": 1}
+
+
+def test_a_slot_that_never_started_is_missed() -> None:
+    lines = [x for x in clean_lines() if not (x.job == "a" and x.slot == 13_000)]
+    v = verdict(lines, clean_events())
+    only(v, "missed")
+    assert "a slot 13000 never started" in v.violations[0].message
+
+
+def test_a_miss_is_excused_only_by_a_kill_of_its_likely_winner_in_time() -> None:
+    lines = [x for x in clean_lines() if not (x.job == "a" and x.slot == 14_000)]
+    killed_in_time = [*clean_events(), *worker("w2")[:2], Event("kill", 14_100, "w2")]
+    v = verdict(lines, killed_in_time)
+    assert v.ok and v.excused == {"missed: winner killed before starting": 1}, v.summary()
+    killed_too_late = [*clean_events(), *worker("w2")[:2], Event("kill", 15_500, "w2")]
+    only(verdict(lines, killed_too_late), "missed")
+
+
+def test_a_miss_is_excused_by_an_outage_only_when_it_outlasted_max_late() -> None:
+    late2 = JobSpec("b", 1000, max_late_ms=2000)
+    lines = [line("b", s, f"w{s // 1000 % 2}", s + 5) for s in range(9000, 22_000, 1000)
+             if s != 12_000]
+    outage = [*clean_events(), Event("restart", 11_500, t_end_ms=12_200)]
+    v = check([late2], lines, outage, Rules(lease_store=True, window=(10_000, 20_000)))
+    assert v.ok and v.excused == {"missed: store restart outlasted max_late": 1}, v.summary()
+    v = check([JobSpec("b", 1000)], lines, outage, Rules(lease_store=True, window=(10_000, 20_000)))
+    only(v, "missed")  # with the default max_late the slot runs late once the store is back
+
+
+@pytest.mark.parametrize("lease", [True, False])
+def test_a_start_before_its_slot_is_early_beyond_what_the_store_allows(lease: bool) -> None:
+    ahead = [x for x in clean_lines() if not (x.job == "a" and x.slot == 16_000)]
+    ahead.append(line("a", 16_000, "w0", 16_000 - 4900, skew=5000))
+    v = verdict(ahead, clean_events(), lease=lease)
+    if lease:  # no start before its slot by the store's clock
+        only(v, "early")
+        assert "4900 ms before its slot" in v.violations[0].message
+    else:  # claim-only: the worker's own clock decides, up to its skew
+        assert v.ok, v.summary()
+    beyond = [*ahead[:-1], line("a", 16_000, "w0", 16_000 - 5200, skew=5000)]
+    only(verdict(beyond, clean_events(), lease=lease), "early")
+
+
+def test_a_takeover_of_a_live_runner_is_unexplained() -> None:
+    lines = [*clean_lines(), line("long", 10_000, "w1", 14_000, attempt=2, reason="takeover")]
+    v = verdict(lines, clean_events())
+    only(v, "takeover")
+    assert v.violations[0].lines[0].startswith('{"event": "start", "job": "long", "slot": 10000')
+
+
+def test_a_takeover_of_a_runner_cut_off_from_the_store_is_explained() -> None:
+    lines = [*clean_lines(), line("long", 10_000, "w1", 14_000, attempt=2, reason="takeover")]
+    v = verdict(lines, [*clean_events(), Event("cut", 11_000, t_end_ms=11_050)])
+    assert v.ok and v.excused == {"takeover: runner cut off": 1}, v.summary()
+
+
+def test_attempts_on_a_claim_only_store_or_beyond_max_attempts_are_flagged() -> None:
+    lines = [*clean_lines(), line("a", 13_000, "w0", 17_000, attempt=2, reason="takeover")]
+    v = verdict(lines, [*clean_events(), Event("cut", 13_100, t_end_ms=13_200)], lease=False)
+    assert v.counts()["attempt"] == 1 and v.counts()["duplicate"] == 1, v.summary()
+    v = verdict(lines, [*clean_events(), Event("cut", 13_100, t_end_ms=13_200)], lease=True)
+    assert v.counts()["attempt"] == 1, v.summary()
+
+
+def _last_seconds_by_w0(lines: list[Line]) -> list[Line]:
+    return [x if x.slot < 17_000 else line(x.job, x.slot, "w0", x.true_ms) for x in lines]
+
+
+def test_a_surviving_worker_that_stopped_starting_is_idle() -> None:
+    v = verdict(_last_seconds_by_w0(clean_lines()), clean_events())
+    only(v, "idle")
+    assert v.violations[0].message.startswith("worker w1")
+
+
+def test_a_worker_behind_the_store_clock_is_not_idle_for_always_coming_late() -> None:
+    events = [*worker("w0"), *worker("w1", skew=-5000)]
+    v = verdict(_last_seconds_by_w0(clean_lines(skew_w1=-5000)), events)
+    assert v.ok and v.stats["idle_exempt"] == 1, v.summary()
+    # On a claim-only store a clock ahead wins every claim; on a lease store it must not.
+    events = [*worker("w0", skew=5000), *worker("w1")]
+    lines = [line(x.job, x.slot, x.instance, x.true_ms, skew=5000 if x.instance == "w0" else 0)
+             for x in _last_seconds_by_w0(clean_lines())]
+    assert verdict(lines, events, lease=False).ok
+    only(verdict(lines, events, lease=True), "idle")
+
+
+@pytest.mark.parametrize(("change", "kind"), [
+    (lambda e: [*e[:-1], Event("exit", TERM + 9000, "w1", rc=0)], "stop"),
+    (lambda e: [*e[:-1], Event("exit", TERM + 500, "w1", rc=1)], "stop"),
+    (lambda e: e[:-1], "stop"),
+    (lambda e: [*e[:-2], Event("exit", 21_000, "w1", rc=1, expected=False, detail="boom")],
+     "crash"),
+])
+def test_workers_must_stop_in_time_and_never_die_by_themselves(
+    change: Callable[[list[Event]], list[Event]], kind: str,
+) -> None:
+    events = change(clean_events())
+    v = verdict(clean_lines(), events)
+    only(v, kind)
+
+
+def test_a_clock_ahead_covers_its_last_skew_even_after_it_died() -> None:
+    """On a claim-only store a worker 5 s ahead has claimed the next 5 s when it dies."""
+    lines = [line(x.job, x.slot, x.instance, x.true_ms, skew=5000 if x.instance == "w0" else 0)
+             for x in _last_seconds_by_w0(clean_lines()) if x.true_ms < 21_000]
+    killed_late = [*worker("w0", skew=5000)[:2], Event("kill", 21_000, "w0"), *worker("w1")]
+    assert verdict(lines, killed_late, lease=False).ok
+    killed_early = [*worker("w0", skew=5000)[:2], Event("kill", 15_000, "w0"), *worker("w1")]
+    lines = [x for x in lines if x.true_ms < 15_000]
+    v = check(JOBS, lines, killed_early, Rules(lease_store=False, window=(10_000, 14_000)))
+    only(v, "idle")  # w0 covered w1 only until 20000; w1 had 2 s of its own to start in
+
+
+def test_sigterm_may_kill_a_worker_that_was_still_starting() -> None:
+    starting = [*clean_events(), Event("spawn", TERM - 100, "w2"), Event("term", TERM, "w2"),
+                Event("exit", TERM + 10, "w2", rc=-15)]
+    assert verdict(clean_lines(), starting).ok
+    ready = [*starting[:-3], Event("ready", TERM - 50, "w2"), *starting[-2:]]
+    only(verdict(clean_lines(), ready), "stop")
+
+
+def test_a_worker_behind_can_only_have_won_a_slot_its_skew_after_it() -> None:
+    lines = [x for x in clean_lines() if not (x.job == "a" and x.slot == 14_000)]
+    behind = [*clean_events(), *worker("w2", skew=-5000)[:2]]
+    only(verdict(lines, [*behind, Event("kill", 13_990, "w2")]), "missed")
+    v = verdict(lines, [*behind, Event("kill", 19_100, "w2")])
+    assert v.ok and v.excused == {"missed: winner killed before starting": 1}, v.summary()

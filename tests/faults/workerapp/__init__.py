@@ -1,0 +1,1 @@
+"""The jobs of the fault-injection workers (tests/faults): see jobs.py."""

@@ -1,0 +1,3 @@
+"""No views: the fault workers only run jobs."""
+
+urlpatterns: list[object] = []
