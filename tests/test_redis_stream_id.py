@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -132,5 +133,39 @@ def test_a_claim_ahead_of_the_server_clock_waits_for_its_slot(make: Factory) -> 
         finally:
             for b in (backend, other):
                 await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_claim_keeps_its_place_before_the_next_slot(make: Factory) -> None:
+    """Found by the fault runs: a claim of slot S failed as the server restarted, the next
+    slot's first claim went out before S's retry, and S could never be added again."""
+
+    async def scenario() -> None:
+        backend = make(1000)
+        try:
+            job = "stream-order"
+            await backend.init()
+            await backend.prepare_job(job, 10)
+            first = (time.time_ns() // 1_000_000) - 1_000
+            real_eval = backend.eval
+            cuts = {first}
+
+            async def eval(script: Any, keys: Any, args: Any) -> Any:  # the connection drops
+                if args and args[0] in cuts:
+                    cuts.discard(args[0])
+                    raise ConnectionError("connection reset by peer (test)")
+                return await real_eval(script, keys, args)
+
+            backend.eval = eval  # type: ignore[method-assign]
+            with pytest.raises(ConnectionError):
+                await backend.claim(ClaimInput(job, first, "a", "A"))
+            later = asyncio.ensure_future(backend.claim(ClaimInput(job, first + 250, "b", "A")))
+            await asyncio.sleep(0.3)
+            assert not later.done()  # waits for the earlier slot's retry
+            assert await backend.claim(ClaimInput(job, first, "a", "A")) is True  # the retry
+            assert await later is True
+        finally:
+            await backend.close()
 
     asyncio.run(scenario())

@@ -40,6 +40,7 @@ from ..base import (
     build_history,
 )
 from . import scripts
+from .ordering import SlotOrder
 from .scripts import Script
 from .strategies import IDMP_MIN_VERSION, STRATEGY_NAMES, StrategyName, parse_strategy
 
@@ -174,6 +175,7 @@ class RedisProtocolBackend(BaseBackend):
         key_prefix: str = "anarchon",
     ) -> None:
         self.strategy = parse_strategy(strategy, backend=self.product, allowed=self.strategies)
+        self._slot_order = SlotOrder()
         if not isinstance(key_prefix, str) or not key_prefix or set("{}") & set(key_prefix):
             raise ConfigurationError(
                 "a non-empty string without braces (braces would change the hash tag)",
@@ -407,18 +409,25 @@ class RedisProtocolBackend(BaseBackend):
         )
 
     async def claim(self, input: ClaimInput) -> bool:
-        reply = int(await self.eval(*self._claim_call(input)))
-        while reply < 0:  # stream-id: ahead of the server's clock; wait for the slot
-            await asyncio.sleep(min(-reply, EARLY_WAIT_CAP_MS) / 1000)
+        if self.strategy.name != "stream-id":
+            return self._claimed(input, await self.eval(*self._claim_call(input)))
+        await self._slot_order.wait_turn(input.job, input.slot)
+        try:
             reply = int(await self.eval(*self._claim_call(input)))
+            while reply < 0:  # ahead of the server's clock: wait for the slot
+                await asyncio.sleep(min(-reply, EARLY_WAIT_CAP_MS) / 1000)
+                reply = int(await self.eval(*self._claim_call(input)))
+        except BaseException:
+            self._slot_order.failed(input.job, input.slot)
+            raise
+        self._slot_order.answered(input.job, input.slot)
         return self._claimed(input, reply)
 
     async def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
+        if self.strategy.name == "stream-id":  # each in its job's slot order (ordering.py)
+            return list(await asyncio.gather(*(self.claim(i) for i in inputs)))
         results = await self.eval_many([self._claim_call(i) for i in inputs])
-        return [
-            await self.claim(i) if int(r) < 0 else self._claimed(i, r)
-            for i, r in zip(inputs, results, strict=True)
-        ]
+        return [self._claimed(i, r) for i, r in zip(inputs, results, strict=True)]
 
     def _claimed(self, input: ClaimInput, reply: Any) -> bool:
         """Whether a claim script's reply is a win; says so loudly when the slot is lost."""
