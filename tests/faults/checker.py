@@ -118,6 +118,9 @@ class Rules:
 
     lease_store: bool
     window: tuple[float, float]  # the observed window, true epoch ms
+    #: A claim-only store that still holds an early claim until its slot by its own clock
+    #: (Redis stream-id): for early starts and who claims when, it is like a lease store.
+    holds_early_claims: bool = False
     lease_ms: int = 3000
     heartbeat_ms: int = 1000
     grace_ms: int = 3000
@@ -128,6 +131,11 @@ class Rules:
     reconnect_ms: int = 2000  # after a store fault ends, until claims get through (backoff)
     idle_ms: int = 5000
     outranks_ms: int = 1000  # a clock this far ahead wins every claim-only claim
+
+    @property
+    def store_clock(self) -> bool:
+        """Whether the store's clock, not the worker's, decides when a claim may win."""
+        return self.lease_store or self.holds_early_claims
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -290,7 +298,7 @@ def check(jobs: list[JobSpec], lines: list[Line], events: list[Event], rules: Ru
 
     # -- early starts -----------------------------------------------------------------
     for s in starts:
-        allowed = rules.early_tolerance_ms + (0 if rules.lease_store else max(0, s.skew_ms))
+        allowed = rules.early_tolerance_ms + (0 if rules.store_clock else max(0, s.skew_ms))
         if s.true_ms < s.slot - allowed:
             violations.append(Violation(
                 "early", f"{s.job} slot {s.slot} started {s.slot - s.true_ms:.0f} ms before "
@@ -433,7 +441,7 @@ def _excuse_miss(
         for t, life in deaths:
             lo = slot - life.skew_ms - slack
             hi = slot - life.skew_ms + rules.claim_bound_ms
-            if rules.lease_store and life.skew_ms > 0:
+            if rules.store_clock and life.skew_ms > 0:
                 hi = slot + rules.claim_bound_ms  # told "early", it waits for the slot
             if lo <= t <= hi and life.ready <= t:
                 return "winner killed before starting"
@@ -460,7 +468,7 @@ def _uncovered(
     a worker behind it. On a lease store the store's clock holds early claims back, so only
     a worker behind the store's clock (``life.skew_ms`` negative) always comes late.
     """
-    if rules.lease_store and life.skew_ms > -rules.outranks_ms:
+    if rules.store_clock and life.skew_ms > -rules.outranks_ms:
         return end - since
     spans = sorted(
         (other.ready, other.ended + (other.skew_ms - life.skew_ms))

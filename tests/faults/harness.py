@@ -79,6 +79,8 @@ class Profile:
     #: the workers' own processes: its clock IS each worker's clock, and the processes
     #: that share one file share one machine, so one clock, in production.
     skew: bool = True
+    #: A claim-only store that answers a claim before its slot "wait" (Redis stream-id).
+    holds_early_claims: bool = False
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -86,7 +88,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("mariadb", MariaDBStore, True, "mysql"),
     Profile("sqlite", SqliteStore, True, "faults", skew=False),
     Profile("redis-lease", RedisStore, True, "redis"),
-    Profile("redis-stream-id", RedisStore, False, "redis"),
+    Profile("redis-stream-id", RedisStore, False, "redis", holds_early_claims=True),
     Profile("redis-script", RedisStore, False, "redis"),
     Profile("valkey-lease", ValkeyStore, True, "redis"),
     Profile("nats", NatsStore, False, "nats"),
@@ -451,7 +453,8 @@ def run(config: Config, out: Path, say: Any = print) -> Report:
             wait_for(lambda: all(p.ended for p in stopping), limit, "workers exiting")
         fleet.close()
     rules = Rules(
-        lease_store=profile.lease, window=(all_up + 1000, t_term - Rules.claim_bound_ms - 500),
+        lease_store=profile.lease, holds_early_claims=profile.holds_early_claims,
+        window=(all_up + 1000, t_term - Rules.claim_bound_ms - 500),
         lease_ms=config.lease_ms, heartbeat_ms=config.lease_ms // 3, grace_ms=config.grace_ms,
     )
     (out / "run.json").write_text(json.dumps(

@@ -209,3 +209,12 @@ def test_a_worker_behind_can_only_have_won_a_slot_its_skew_after_it() -> None:
     only(verdict(lines, [*behind, Event("kill", 13_990, "w2")]), "missed")
     v = verdict(lines, [*behind, Event("kill", 19_100, "w2")])
     assert v.ok and v.excused == {"missed: winner killed before starting": 1}, v.summary()
+
+
+def test_a_claim_only_store_that_holds_early_claims_allows_no_early_start() -> None:
+    """Redis stream-id answers a claim before its slot "wait": like a lease store there."""
+    ahead = [x for x in clean_lines() if not (x.job == "a" and x.slot == 16_000)]
+    ahead.append(line("a", 16_000, "w0", 16_000 - 4900, skew=5000))
+    rules = Rules(lease_store=False, holds_early_claims=True, window=(10_000, 20_000))
+    v = check([j for j in JOBS if j.name == "a"], ahead, clean_events(), rules)
+    only(v, "early")
