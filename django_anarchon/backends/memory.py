@@ -144,14 +144,15 @@ class MemoryRunStore:
         with self._state.lock:
             run = self._mine(job, slot, token)
             if run is None:
-                # The same finish again (its first reply was lost) still succeeded.
                 done = self._state.runs.get(job, {}).get(slot)
-                return (
-                    done is not None
-                    and done.state == "finished"
-                    and done.token == token
-                    and done.status == status
-                )
+                if done is None or done.state != "finished" or done.token != token:
+                    return False
+                # The same finish again (its first reply was lost) still succeeded; a run
+                # the store ended ``interrupted`` (lapsed, no attempt left for anyone)
+                # still takes its own runner's late word.
+                if done.status == "interrupted":
+                    done.status = status
+                return done.status == status
             run.state = "finished"
             run.status = status
             run.finished_at = self._state.now()

@@ -432,6 +432,9 @@ class LeaseTests(ContractBase):
                 swept = self.find(records, slot=dead)
                 assert (swept.attempt, swept.status) == (1, "interrupted"), swept
                 assert swept.error, swept
+                # Nobody else could run it: its runner's late finish still counts.
+                assert await runs.finish(job, dead, "a", "success") is True
+                assert await runs.finish(job, dead, "x", "success") is False
                 takeover = self.run_claim(
                     job, spare, "t", "T", mode="takeover", max_attempts=2, overlap="allow"
                 )

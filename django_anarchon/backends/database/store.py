@@ -781,14 +781,16 @@ class Store:
         """Running with ``token``: finished now. Finished so already: True again (repeat-safe).
 
         One UPDATE for both: a repeat (the first call's reply was lost) matches the finished
-        row and leaves its finish time, since a running run has no ``finished_at_ms``.
+        row and leaves its finish time, since a running run has no ``finished_at_ms``. A run
+        the store ended ``interrupted`` with this token (its lease lapsed with no attempt
+        left, so nobody else could run it) takes its own runner's late word too.
         """
 
         def end() -> bool:
             with self._single_write():
                 return bool(
                     self._runs()
-                    .filter(Q(state=RUNNING) | Q(state=FINISHED, status=status),
+                    .filter(Q(state=RUNNING) | Q(state=FINISHED, status__in=[status, "interrupted"]),
                             job=job, slot=slot, token=token)
                     .update(
                         finished_at_ms=Coalesce(F("finished_at_ms"), ServerNowMs()),

@@ -432,7 +432,11 @@ FINISH = _script(
     r"""
 local st = redis.call('HMGET', KEYS[1], 'state', 'token', 'keep_ms', 'status')
 if st[2] ~= ARGV[1] then return 0 end
-if st[1] == 'finished' and st[4] == ARGV[2] then return 1 end
+if st[1] == 'finished' and (st[4] == ARGV[2] or st[4] == 'interrupted') then
+  -- a repeat, or the runner's late word on a run the store ended (no attempt was left)
+  redis.call('HSET', KEYS[1], 'status', ARGV[2])
+  return 1
+end
 if st[1] ~= 'running' then return 0 end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'state', 'finished', 'status', ARGV[2], 'finished_at', now)
