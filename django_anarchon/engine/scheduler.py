@@ -438,7 +438,7 @@ class Scheduler:
         except Exception:  # pragma: no cover - emit already guards each callback
             logger.exception("scheduler %s: emitting %s failed", self.name, event.name)
 
-    async def _emit(
+    async def emit_event(
         self,
         name: EventName,
         job: Job | None = None,
@@ -647,7 +647,7 @@ class Scheduler:
 
     def _arm_new(self, state: _JobState) -> None:
         if self._running and self._jobs.get(state.job.name) is state:
-            self._spawn(self._prepare_and_arm(state), f"prepare {state.job.name}")
+            self.spawn(self._prepare_and_arm(state), f"prepare {state.job.name}")
 
     async def _prepare_and_arm(self, state: _JobState) -> None:
         job = state.job
@@ -699,13 +699,13 @@ class Scheduler:
                 "scheduler %s: job %s: computing the next slot failed", self.name, name
             )
             state.next_slot = None
-            self._spawn(
-                self._emit("error", state.job, slot, error=error_text(exc), reason="schedule"),
+            self.spawn(
+                self.emit_event("error", state.job, slot, error=error_text(exc), reason="schedule"),
                 f"error {name}",
             )
         self._claims.due(state.job, slot)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], label: str) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None], label: str) -> None:
         assert self._loop is not None
         task = self._loop.create_task(self._guard(coro, label), name=f"anarchon {label}")
         self._tasks.add(task)
@@ -718,26 +718,13 @@ class Scheduler:
             raise
         except Exception as exc:
             logger.exception("scheduler %s: %s failed; the scheduler goes on", self.name, label)
-            await self._emit("error", error=error_text(exc), reason=label)
+            await self.emit_event("error", error=error_text(exc), reason=label)
 
     # -- what the claim flows need (engine/claims.py) ----------------------------------
 
     @property
     def stopping(self) -> bool:
         return self._stopping
-
-    def spawn(self, coro: Coroutine[Any, Any, None], label: str) -> None:
-        self._spawn(coro, label)
-
-    async def emit_event(
-        self,
-        name: EventName,
-        job: Job | None = None,
-        slot: int | None = None,
-        error: str | None = None,
-        reason: str | None = None,
-    ) -> None:
-        await self._emit(name, job, slot, error=error, reason=reason)
 
     async def wait_stopping(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, waking when a stop is requested; ``True`` if one was."""
