@@ -7,6 +7,7 @@ is why this is not a ``BaseConnectionHandler``).
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from django.utils.module_loading import import_string
 
 from . import conf
 from .exceptions import ConfigurationError, UnknownSchedulerError
+from .redact import redact_text
 from .registry import registry
 
 if TYPE_CHECKING:
@@ -38,17 +40,57 @@ def build_backend(alias: str, config: dict[str, Any]) -> Any:
         ) from exc
     options = config["OPTIONS"]
     if not isinstance(options, dict):
-        raise ConfigurationError(
-            "OPTIONS must be a dict of the backend's keyword arguments",
-            option=f"ANARCHON[{alias!r}]['OPTIONS']", value=options,
+        raise _options_error(
+            alias, f"expected a dict of the backend's keyword arguments, not a {type(options).__name__}"
+        )
+    return construct_backend(alias, backend_class, options)
+
+
+def construct_backend(alias: str, backend_class: Any, options: dict[str, Any]) -> Any:
+    """``backend_class(**options)``; a wrong key is named with the keys the backend accepts.
+
+    The error names keys, never values: ``OPTIONS`` holds URLs and passwords, and this
+    text reaches logs, consoles and ``manage.py check``.
+    """
+    unknown, accepted = _unknown_keys(backend_class, options)
+    if unknown:
+        raise _options_error(
+            alias, f"unknown key(s) {', '.join(map(repr, unknown))} for the backend "
+            f"{_class_path(backend_class)}; it accepts {', '.join(accepted) or 'none'}"
         )
     try:
         return backend_class(**options)
     except TypeError as exc:
-        raise ConfigurationError(
-            f"the backend does not accept these OPTIONS ({exc})",
-            option=f"ANARCHON[{alias!r}]['OPTIONS']", value=options,
+        raise _options_error(
+            alias, f"the backend {_class_path(backend_class)} refused the keys "
+            f"{', '.join(map(repr, options)) or '(none)'}: {redact_text(exc)}"
         ) from exc
+
+
+def _options_error(alias: str, message: str) -> ConfigurationError:
+    """An error about ``OPTIONS`` that names the setting but not its value (it holds secrets)."""
+    option = f"ANARCHON[{alias!r}]['OPTIONS']"
+    error = ConfigurationError(f"settings.{option}: {message}")
+    error.option = option
+    return error
+
+
+def _class_path(cls: Any) -> str:
+    return f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)}"
+
+
+def _unknown_keys(backend_class: Any, options: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The keys of ``options`` the constructor has no parameter for, and those it has."""
+    try:
+        parameters = inspect.signature(backend_class).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: let the call decide
+        return [], []
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return [], []
+    accepted = sorted(
+        p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+    return sorted(str(key) for key in options if key not in accepted), accepted
 
 
 def build_scheduler(alias: str = conf.DEFAULT_ALIAS, **overrides: Any) -> Scheduler:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from .redact import redact_text
+
 __all__ = ["retry_store_call"]
 
 logger = logging.getLogger("django_anarchon")
@@ -53,10 +55,11 @@ async def retry_store_call(
             out_of_time = deadline_ms is not None and time.time() * 1000 + delay * 1000 > deadline_ms
             if out_of_time or (give_up is not None and give_up()):
                 logger.log(
-                    max(log_level, logging.INFO), "%s failed %s time(s); giving up: %r",
-                    what, failures, exc,
+                    max(log_level, logging.INFO), "%s failed %s time(s); giving up: %s",
+                    what, failures, redact_text(repr(exc)),
                 )
                 raise
-            logger.log(log_level, "%s failed (%r); retry %s in %.2fs", what, exc, failures, delay)
+            logger.log(log_level, "%s failed (%s); retry %s in %.2fs",
+                       what, redact_text(repr(exc)), failures, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay_s)

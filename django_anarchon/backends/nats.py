@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from ..durations import parse_duration
 from ..exceptions import ConfigurationError
+from ..redact import redact_text, redact_url, redact_value
 from ..retry import retry_store_call
 from . import _broker_history as records
 from .base import BaseBackend, ClaimInput, JobLimits, RunRecord, StoredResult
@@ -93,7 +94,7 @@ class NatsBackend(BaseBackend):
         _import_nats()  # fail at configuration time, naming the extra, if the client is missing
         if servers is not None and url is not None:
             raise ConfigurationError(
-                "give either servers or url, not both", option="url", value=url
+                "give either servers or url, not both", option="url", value=redact_value(url)
             )
         target = servers if servers is not None else url
         if target is None:
@@ -104,7 +105,8 @@ class NatsBackend(BaseBackend):
             isinstance(s, str) and s for s in target
         ):
             raise ConfigurationError(
-                "expected a NATS URL or a list of them", option="servers", value=target
+                "expected a NATS URL or a list of them", option="servers",
+                value=redact_value(target),
             )
         self.servers: list[str] = target
         if not isinstance(stream_prefix, str) or not _STREAM_PREFIX.fullmatch(stream_prefix):
@@ -154,7 +156,7 @@ class NatsBackend(BaseBackend):
 
         async def note(exc: Exception) -> None:
             last_error[:] = [exc]
-            logger.debug("NATS connection trouble: %r", exc)
+            logger.debug("NATS connection trouble: %s", redact_text(repr(exc)))
 
         client = nats.aio.client.Client()
         try:
@@ -175,8 +177,8 @@ class NatsBackend(BaseBackend):
                 await client.close()
             cause = last_error[0] if last_error else exc
             raise ConnectionError(
-                f"NATS server {', '.join(_redact(s) for s in self.servers)} not reachable "
-                f"within {self.timeout_s:g}s: {_redact(repr(cause))}"
+                f"NATS server {self._where()} not reachable "
+                f"within {self.timeout_s:g}s: {redact_text(repr(cause))}"
             ) from None
         return client
 
@@ -450,10 +452,10 @@ class NatsBackend(BaseBackend):
 
     def describe(self) -> str:
         window = "forever" if math.isinf(self.dedupe_window_ms) else f"{self.window_ms} ms"
-        return f"nats ({', '.join(_redact(s) for s in self.servers)}; dedupe window {window})"
+        return f"nats ({self._where()}; dedupe window {window})"
 
-
-def _redact(text: str) -> str:
-    """``text`` without the password or token of any URL in it, for banners and errors."""
-    text = re.sub(r"//([^:/@\s]+):[^@/\s]*@", r"//\1:***@", text)
-    return re.sub(r"//[^:/@\s]+@", "//***@", text)  # a bare token: nats://<token>@host
+    def _where(self) -> str:
+        """The servers, without passwords or tokens."""
+        if self._given is not None:
+            return "given connection"
+        return ", ".join(redact_url(s) for s in self.servers)

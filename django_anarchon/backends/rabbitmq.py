@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 from ..durations import parse_duration
 from ..exceptions import ConfigurationError
+from ..redact import redact_text, redact_url, redact_value
 from ..retry import retry_store_call
 from . import _broker_history as records
 from .base import BaseBackend, ClaimInput, JobLimits, RunRecord, StoredResult
@@ -215,12 +216,14 @@ class RabbitMQBackend(BaseBackend):
         _import_aio_pika()  # fail at configuration time, naming the extra, if it is missing
         if url is not None and connection is not None:
             raise ConfigurationError(
-                "give either url or connection, not both", option="url", value=url
+                "give either url or connection, not both", option="url", value=redact_value(url)
             )
         if url is None and connection is None:
             url = "amqp://guest:guest@127.0.0.1:5672/"
         if url is not None and (not isinstance(url, str) or not url.startswith(("amqp://", "amqps://"))):
-            raise ConfigurationError("expected an amqp:// or amqps:// URL", option="url", value=url)
+            raise ConfigurationError(
+                "expected an amqp:// or amqps:// URL", option="url", value=redact_value(url)
+            )
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix) or len(prefix) > 64:
             raise ConfigurationError(
                 "use up to 64 characters: dot-separated words of A-Z, a-z, 0-9, '_' and '-'",
@@ -266,7 +269,7 @@ class RabbitMQBackend(BaseBackend):
                 client_properties={"connection_name": "django-anarchon"},
             )
         except (TimeoutError, OSError, _errors().AMQPError) as exc:
-            detail = _redact(repr(exc))
+            detail = redact_text(repr(exc))
             raise ConnectionError(f"RabbitMQ at {self._safe_url()} not reachable: {detail}") from exc
         return _Link(connection)
 
@@ -584,9 +587,4 @@ class RabbitMQBackend(BaseBackend):
         return f"rabbitmq ({self._safe_url()}; dedupe window {self.window_ms} ms)"
 
     def _safe_url(self) -> str:
-        return _redact(self.url or "")
-
-
-def _redact(text: str) -> str:
-    """``text`` without the password of any URL in it, for banners and errors."""
-    return re.sub(r"//([^:/@\s]+):[^@/\s]*@", r"//\1:***@", text)
+        return redact_url(self.url or "")

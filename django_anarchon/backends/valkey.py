@@ -21,6 +21,7 @@ class ValkeyDriver(Driver):
 
     package = "valkey"
     extra = "valkey"
+    url_schemes = ("valkey", "valkeys", "redis", "rediss", "unix")
 
     def module(self) -> Any:
         import valkey

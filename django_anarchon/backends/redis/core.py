@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import socket
 import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ...exceptions import ConfigurationError
+from ...logtime import iso
+from ...redact import redact_url, redact_value
 from ..base import (
     DEFAULT_KEEP_MS,
     MIN_KEEP_MS,
@@ -62,6 +63,8 @@ class Driver:
     #: Distribution name shown in the "not installed" error, and the pip extra.
     package: ClassVar[str] = "redis"
     extra: ClassVar[str] = "redis"
+    #: The URL schemes the client's ``from_url()`` accepts.
+    url_schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss", "unix")
 
     def module(self) -> Any:
         raise NotImplementedError
@@ -97,11 +100,18 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _tag(job: str) -> str:
-    """The job's hash tag: the name itself, or a digest when braces would break the tag."""
-    if not job or "{" in job or "}" in job:
-        return "h" + hashlib.sha1(job.encode()).hexdigest()[:20]
-    return job
+def _tagged(job: str) -> str:
+    """The job's part of its keys, ``{tag}`` and what follows; one-to-one with the name.
+
+    A name without braces is its own hash tag: ``{name}``, then ``:``. A brace would end
+    or start the tag early, so a name with one (or an empty name) is escaped (``%``, ``{``,
+    ``}`` as ``%25``, ``%7B``, ``%7D``) and its tag is followed by ``%``: a plain name's
+    ``}`` is always followed by ``:``, so neither kind of key can be the other's.
+    """
+    if job and "{" not in job and "}" not in job:
+        return f"{{{job}}}"
+    escaped = job.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+    return f"{{{escaped or '%'}}}%"
 
 
 def _record_field(slot: int, attempt: int, manual: bool, by: str) -> str:
@@ -130,17 +140,6 @@ def _abandon(client: Any) -> None:
         with contextlib.suppress(Exception):
             conn._reader = None
             conn._writer = None
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
 class RedisProtocolBackend(BaseBackend):
@@ -183,8 +182,10 @@ class RedisProtocolBackend(BaseBackend):
             )
         if client is not None and url is not None:
             raise ConfigurationError(
-                "give either client= or url=, not both", option="url", value=_redact(url)
+                "give either client= or url=, not both", option="url", value=redact_value(url)
             )
+        if url is not None:
+            self._check_url(url)
         if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
             raise ConfigurationError("a TCP port from 1 to 65535", option="port", value=port)
         if not isinstance(db, int) or isinstance(db, bool) or db < 0:
@@ -212,6 +213,22 @@ class RedisProtocolBackend(BaseBackend):
         )
         if client is None:
             self._client_class()  # fail now, with the extra to install, if the library is missing
+
+    def _check_url(self, url: object) -> None:
+        """Refuse a URL the client library would fail on later, with the value redacted."""
+        schemes = self.driver.url_schemes
+        expected = f"a URL with one of the schemes {', '.join(s + '://' for s in schemes)}"
+        if not isinstance(url, str):
+            raise ConfigurationError(expected, option="url", value=redact_value(url))
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+        except ValueError:  # its message may quote a password that ended the host early
+            raise ConfigurationError(
+                f"{expected}, a host and a numeric port", option="url", value=redact_url(url)
+            ) from None
+        if parts.scheme.lower() not in schemes:
+            raise ConfigurationError(expected, option="url", value=redact_url(url))
 
     # -- connections --------------------------------------------------------------------
 
@@ -320,7 +337,7 @@ class RedisProtocolBackend(BaseBackend):
 
     def job_key(self, job: str) -> str:
         """The prefix of every key of ``job``; the braces make them one cluster slot."""
-        return f"{self.key_prefix}:{{{_tag(job)}}}"
+        return f"{self.key_prefix}:{_tagged(job)}"
 
     def history_keys(self, job: str) -> list[str]:
         base = self.job_key(job)
@@ -438,7 +455,7 @@ class RedisProtocolBackend(BaseBackend):
                 "be claimed because a later slot of the job was claimed first (XADD only "
                 "accepts a larger ID); use the 'lease' or 'script' strategy for jobs whose "
                 "claims may arrive out of order (docs/backends/redis.md)",
-                input.slot, input.job,
+                iso(input.slot), input.job,
             )
         return answer == 1
 
@@ -484,7 +501,7 @@ class RedisProtocolBackend(BaseBackend):
     def describe_server(self) -> str:
         """Where the server is, without a password."""
         if self._url is not None:
-            return _redact(self._url)
+            return redact_url(self._url)
         if self._given is not None:
             kwargs = getattr(getattr(self._given, "connection_pool", None), "connection_kwargs", {})
             if "host" in kwargs:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from ...durations import format_duration, parse_duration
 from ...exceptions import ConfigurationError
+from ...redact import redact_value
 
 __all__ = ["STRATEGY_NAMES", "StrategyName", "StrategySettings", "parse_strategy"]
 
@@ -80,7 +81,7 @@ def parse_strategy(
         if "name" not in value:
             raise ConfigurationError(
                 "a strategy dict needs a 'name', e.g. {'name': 'script', 'window': '5m'}",
-                option="strategy", value=dict(value),
+                option="strategy", value=redact_value(dict(value)),
             )
         name = value["name"]
         settings = {k: v for k, v in value.items() if k != "name"}
@@ -105,7 +106,7 @@ def parse_strategy(
         known = ", ".join(sorted(_ALLOWED[name])) or "none"
         raise ConfigurationError(
             f"unknown setting {unknown[0]!r} for the {name!r} strategy (known: {known})",
-            option=f"strategy.{unknown[0]}", value=settings[unknown[0]],
+            option=f"strategy.{unknown[0]}", value=redact_value(settings[unknown[0]]),
         )
     if name == "lease":
         window = parse_duration(
