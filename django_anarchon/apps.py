@@ -17,10 +17,14 @@ class AnarchonConfig(AppConfig):
         from . import checks, conf  # noqa: F401  (checks registers the system checks)
         from .autostart import autostarter
         from .handler import schedulers
+        from .registry import registry
 
         setting_changed.connect(conf.reset, dispatch_uid="django_anarchon.conf.reset")
         setting_changed.connect(schedulers.reset, dispatch_uid="django_anarchon.handler.reset")
         request_started.connect(
             autostarter.on_request_started, dispatch_uid="django_anarchon.autostart"
         )
-        autodiscover_modules("jobs")
+        # A bad decorator must not break django.setup() (the web process, the shell):
+        # its error is kept and reported by the system checks (anarchon.E004).
+        with registry.collecting():
+            autodiscover_modules("jobs")

@@ -5,26 +5,31 @@ a stable id instead of stopping at the first one, so a deploy pipeline sees them
 before a worker crashes in production. Ids and fixes are listed in ``docs/checks.md``.
 
 Nothing here connects to a store: backends are constructed (which must not do I/O)
-but never initialised.
+but never initialised. The one exception is tagged ``database`` (anarchon.E007), like
+Django's own checks that query a database: it runs only for the databases a command
+names (``check --database default``), and looks for the tables ``migrate`` creates.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError, connections
 from django.utils.module_loading import import_string
 
 from . import conf
 from .backends.base import supports_leases
 from .durations import parse_duration, parse_optional_duration
 from .exceptions import ConfigurationError
+from .handler import construct_backend
 from .jobs import (
     COMMON_OPTIONS,
     DEFAULTS,
@@ -33,9 +38,14 @@ from .jobs import (
     JobOptions,
     build_job,
     check_dedupe_window,
+    check_instance_id,
     validate_options,
 )
+from .redact import redact_text
 from .registry import JobSpec, registry
+
+if TYPE_CHECKING:
+    from .backends.database import DatabaseBackend
 
 DATABASE_BACKEND = "django_anarchon.backends.database.DatabaseBackend"
 SQLITE_ENGINE = "django.db.backends.sqlite3"
@@ -78,13 +88,17 @@ def check_settings(config: dict[str, dict[str, Any]]) -> list[CheckMessage]:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             bad(alias, "THREADS", f"expected a whole number of at least 1, got {threads!r}")
         instance_id = entry["INSTANCE_ID"]
-        if instance_id is not None and not (isinstance(instance_id, str) and instance_id.strip()):
-            bad(alias, "INSTANCE_ID", f"expected a non-empty string or None, got {instance_id!r}")
+        if instance_id is not None:
+            try:
+                check_instance_id(instance_id, option=_setting(alias, "INSTANCE_ID"))
+            except ConfigurationError as exc:
+                bad(alias, "INSTANCE_ID", f"{exc.reason} (or None for a generated id), "
+                    f"got {instance_id!r}")
         if not isinstance(entry["AUTOSTART"], bool):
             bad(alias, "AUTOSTART", f"expected True or False, got {entry['AUTOSTART']!r}")
         if not isinstance(entry["OPTIONS"], dict):
-            bad(alias, "OPTIONS", f"expected a dict of the backend's keyword arguments, "
-                f"got {entry['OPTIONS']!r}")
+            bad(alias, "OPTIONS", "expected a dict of the backend's keyword arguments, "
+                f"got a {type(entry['OPTIONS']).__name__}")
         if not isinstance(entry["JOB_DEFAULTS"], dict):
             bad(alias, "JOB_DEFAULTS",
                 f"expected a dict of job options, got {entry['JOB_DEFAULTS']!r}")
@@ -108,11 +122,14 @@ def load_backend(alias: str, entry: dict[str, Any]) -> tuple[Any, list[CheckMess
         )]
     options = entry["OPTIONS"] if isinstance(entry["OPTIONS"], dict) else {}
     try:
-        return backend_class(**options), []
+        return construct_backend(alias, backend_class, options), []
     except Exception as exc:  # any constructor error is the user's settings problem
+        detail = redact_text(exc)  # never the values of OPTIONS: they hold passwords
+        if not detail.startswith("settings."):  # the handler's own errors name the setting
+            detail = (f"settings.{_setting(alias, 'OPTIONS')}: the backend {path!r} refused "
+                      f"them: {type(exc).__name__}: {detail}")
         return None, [Error(
-            f"settings.{_setting(alias, 'OPTIONS')} = {options!r}: the backend {path!r} refused "
-            f"them: {type(exc).__name__}: {exc}",
+            detail,
             hint="Pass only keyword arguments the backend accepts (see its page in the docs).",
             id="anarchon.E003",
         )]
@@ -125,6 +142,27 @@ def _job_error(alias: str, name: str, exc: Exception, origin: str) -> Error:
         hint="Fix the job's schedule or options; docs/options.md lists what each option takes.",
         obj=name, id="anarchon.E004",
     )
+
+
+def check_registration_errors() -> list[CheckMessage]:
+    """anarchon.E004: decorators whose job failed to register while jobs.py was imported.
+
+    Not inside ``migrate``: a typo in a job must not stop a deploy's schema migration,
+    which the jobs do not take part in; the worker's own checks still refuse to start.
+    """
+    if _inside_migrate():
+        return []
+    messages: list[CheckMessage] = []
+    for kept in registry.errors():
+        scheduler = f"scheduler {kept.alias!r}: " if kept.alias else ""
+        messages.append(Error(
+            f"{scheduler}{kept.error} (defined at {kept.origin})",
+            hint="The job was left out when its module was imported, and anarchon_worker "
+                 "refuses to start until it is fixed; docs/options.md lists what each option "
+                 "takes.",
+            obj=kept.error.job or kept.origin, id="anarchon.E004",
+        ))
+    return messages
 
 
 def _specs(alias: str) -> Iterable[tuple[str, JobSpec, Any, dict[str, Any]]]:
@@ -316,6 +354,88 @@ def _is_database_backend(backend: Any) -> bool:
     return False
 
 
+def _runs_database(alias: str, entry: dict[str, Any]) -> str | None:
+    """The database a scheduler keeps its runs in, if its backend is the database one.
+
+    ``None`` too when the backend cannot be built: E002/E003 report that.
+    """
+    backend, _ = load_backend(alias, entry)
+    if backend is None or not _is_database_backend(backend):
+        return None
+    try:
+        return str(cast("DatabaseBackend", backend).using)
+    except ConfigurationError:
+        return None
+
+
+def scheduler_databases(aliases: Iterable[str] | None = None) -> list[str]:
+    """The database aliases the database-backed schedulers among ``aliases`` keep runs in.
+
+    Pass them as ``databases`` to the system checks (as ``migrate`` passes its own) to
+    run anarchon.E007 for them, e.g. from a command that is about to use those tables.
+    """
+    try:
+        config = conf.get_config()
+    except ConfigurationError:
+        return []
+    found: list[str] = []
+    for alias in config if aliases is None else aliases:
+        using = _runs_database(alias, config[alias]) if alias in config else None
+        if using is not None and using not in found:
+            found.append(using)
+    return found
+
+
+def _inside_migrate() -> bool:
+    """Whether ``migrate`` is the command running these checks: the tables are its to make.
+
+    ``migrate`` runs the database checks for the database it migrates, before it creates
+    anything; E007 there would make the fix impossible (without --skip-checks).
+    """
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def check_tables(databases: Sequence[str]) -> list[CheckMessage]:
+    """anarchon.E007: a database-backed scheduler's database lacks the app's tables."""
+    from django.apps import apps
+
+    if _inside_migrate():
+        return []
+    try:
+        config = conf.get_config()
+    except ConfigurationError:
+        return []  # E001
+    models = [m for m in apps.get_app_config("django_anarchon").get_models()
+              if m._meta.managed and not m._meta.proxy]
+    messages: list[CheckMessage] = []
+    for alias, entry in config.items():
+        using = _runs_database(alias, entry)
+        if using is None or using not in databases:
+            continue
+        try:
+            existing = set(connections[using].introspection.table_names())
+        except DatabaseError:
+            continue  # an unreachable database is the command's to report, not a check's
+        missing = [m._meta.db_table for m in models if m._meta.db_table not in existing]
+        if missing:
+            flag = "" if using == "default" else f" --database {using}"
+            messages.append(Error(
+                f"scheduler {alias!r} keeps its runs in the database {using!r}, which has no "
+                f"{', '.join(missing)} table{'s' if len(missing) > 1 else ''}: migrate has not "
+                "run there, and every claim would fail",
+                hint=f"Run `python manage.py migrate{flag}`.",
+                obj=using, id="anarchon.E007",
+            ))
+    return messages
+
+
 def run_all(now_ms: int | None = None) -> list[CheckMessage]:
     """Every anarchon check, in id order per scheduler."""
     try:
@@ -325,7 +445,7 @@ def run_all(now_ms: int | None = None) -> list[CheckMessage]:
                       hint="settings.ANARCHON is a dict of named schedulers, like CACHES; "
                            "see docs/options.md.",
                       id="anarchon.E001")]
-    messages = check_settings(config)
+    messages = [*check_registration_errors(), *check_settings(config)]
     for alias, entry in config.items():
         backend, found = load_backend(alias, entry)
         found.extend(check_jobs(alias, entry, backend, now_ms))
@@ -343,3 +463,16 @@ def anarchon_check(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     if app_configs is not None and not any(c.name == "django_anarchon" for c in app_configs):
         return []
     return run_all(int(time.time() * 1000))
+
+
+@register("anarchon", Tags.database)
+def anarchon_database_check(
+    app_configs: Sequence[Any] | None = None, databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """Runs only for the databases a command names, as Django's own database checks do."""
+    if not databases:
+        return []
+    if app_configs is not None and not any(c.name == "django_anarchon" for c in app_configs):
+        return []
+    return check_tables(databases)

@@ -17,6 +17,13 @@ _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+")
 
+#: The longest duration any option or setting takes: 100 years (36,525 days). Slots are
+#: epoch milliseconds that the stores keep as signed 64-bit integers and show as dates, and
+#: the engine adds durations to them (a lease's expiry, a run's retention, a catch-up
+#: window); with this bound every such sum stays a valid ``datetime`` (year 9999) and fits
+#: a database ``bigint``, where 1e17 s would fail every claim with "bigint out of range".
+MAX_DURATION_MS = 36_525 * 86_400_000
+
 
 def parse_duration(
     value: object,
@@ -28,7 +35,8 @@ def parse_duration(
     """Return ``value`` in whole milliseconds, or raise an error naming job, option and value.
 
     Accepts "250ms", "10s", "1m30s", "2h", "1d", "1w", a ``timedelta``, or a number of seconds.
-    Booleans are refused: ``True`` as "1 second" is always a mistake.
+    Booleans are refused: ``True`` as "1 second" is always a mistake. At most
+    :data:`MAX_DURATION_MS` (100 years).
     """
     ms: float
     if isinstance(value, bool) or value is None:
@@ -56,6 +64,11 @@ def parse_duration(
         )
     if ms < 0:
         raise ConfigurationError("a duration cannot be negative", job=job, option=option, value=value)
+    if ms > MAX_DURATION_MS:
+        raise ConfigurationError(
+            "longer than 100 years, the longest duration taken (it keeps every slot a valid date)",
+            job=job, option=option, value=value,
+        )
     result = round(ms)
     if result == 0 and ms > 0:
         raise ConfigurationError("shorter than 1 ms", job=job, option=option, value=value)

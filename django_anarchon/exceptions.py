@@ -22,6 +22,9 @@ class ConfigurationError(AnarchonError, ValueError):
         self.job = job
         self.option = option
         self.value = value
+        #: The message without the "job ..., option ... = value" prefix, for callers that
+        #: name the place themselves (a scheduler's setting, a command-line flag).
+        self.reason = message
         parts = []
         if job is not None:
             parts.append(f"job {job!r}")

@@ -42,6 +42,20 @@ NOT_FOR_ONCE = frozenset({"overlap"})
 
 Handler = Callable[..., Any]
 
+#: Upper bounds of the size options, documented in docs/options.md. The stores keep these
+#: in integer columns and counters; past the bound every save (or claim) would fail.
+MAX_HISTORY_SIZE = 1_000_000
+MAX_ATTEMPTS = 1_000
+#: The longest job name; the stores' job columns hold 255 characters.
+MAX_NAME_LENGTH = 200
+#: The longest instance id: the database backend's ``instance_id`` columns hold 255.
+MAX_INSTANCE_ID_LENGTH = 255
+#: One-off instants are refused outside [1970-01-01, 9000-01-01) UTC: slots are epoch
+#: milliseconds, and the engine adds durations of up to 100 years to them (retention,
+#: catch-up), which must stay valid dates (year 9999 at most).
+MIN_INSTANT_MS = 0
+MAX_INSTANT_MS = 221_845_392_000_000  # 9000-01-01T00:00:00Z
+
 
 @dataclass(frozen=True)
 class JobOptions:
@@ -68,13 +82,15 @@ class JobOptions:
 DEFAULTS = JobOptions()
 
 
-def _positive_int(job: str, option: str, value: object, *, minimum: int = 1) -> int:
+def _positive_int(job: str, option: str, value: object, *, maximum: int, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigurationError(
             f"expected a whole number of at least {minimum}", job=job, option=option, value=value
         )
     if value < minimum:
         raise ConfigurationError(f"must be at least {minimum}", job=job, option=option, value=value)
+    if value > maximum:
+        raise ConfigurationError(f"must be at most {maximum:,}", job=job, option=option, value=value)
     return value
 
 
@@ -119,7 +135,9 @@ def validate_options(
     if "max_late" in options:
         values["max_late_ms"] = parse_duration(options["max_late"], job=job, option="max_late")
     if "history_size" in options:
-        values["history_size"] = _positive_int(job, "history_size", options["history_size"])
+        values["history_size"] = _positive_int(
+            job, "history_size", options["history_size"], maximum=MAX_HISTORY_SIZE
+        )
     if "history_ttl" in options:
         values["history_ttl_ms"] = parse_optional_duration(
             options["history_ttl"], job=job, option="history_ttl", allow_zero=False
@@ -137,7 +155,9 @@ def validate_options(
         if options["overlap"] != DEFAULTS.overlap:
             asked.add("overlap")
     if "max_attempts" in options:
-        values["max_attempts"] = _positive_int(job, "max_attempts", options["max_attempts"])
+        values["max_attempts"] = _positive_int(
+            job, "max_attempts", options["max_attempts"], maximum=MAX_ATTEMPTS
+        )
         if values["max_attempts"] != DEFAULTS.max_attempts:
             asked.add("max_attempts")
     if "catch_up" in options:
@@ -150,12 +170,52 @@ def validate_options(
     return replace(base, **values, lease_options_asked=frozenset(asked)), schedule_options
 
 
+def _storable_text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored by every backend, or ``None``.
+
+    PostgreSQL refuses NUL in text, and a lone surrogate (``"\\ud800"``) has no UTF-8 form,
+    so either would fail at the first claim rather than here.
+    """
+    if "\x00" in text:
+        return "contains a NUL character, which PostgreSQL cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (it has a lone surrogate and no UTF-8 form)"
+    return None
+
+
 def check_name(name: object) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ConfigurationError("a job name must be a non-empty string", option="name", value=name)
-    if len(name) > 200:
-        raise ConfigurationError("a job name is at most 200 characters", option="name", value=name)
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"a job name is at most {MAX_NAME_LENGTH} characters", option="name", value=name
+        )
+    problem = _storable_text_problem(name)
+    if problem:
+        raise ConfigurationError(f"the job name {problem}", option="name", value=name)
     return name
+
+
+def check_instance_id(value: object, *, option: str = "instance_id") -> str:
+    """An instance id every store can hold: a non-blank string of at most 255 characters.
+
+    The id is written into every lease and history row, so a bad one would make every
+    claim fail; ``option`` names where it came from (``INSTANCE_ID``, ``--instance-id``).
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError("expected a non-empty string", option=option, value=value)
+    if len(value) > MAX_INSTANCE_ID_LENGTH:
+        raise ConfigurationError(
+            f"at most {MAX_INSTANCE_ID_LENGTH} characters (got {len(value)}), the size of the "
+            "stores' instance columns",
+            option=option, value=value,
+        )
+    problem = _storable_text_problem(value)
+    if problem:
+        raise ConfigurationError(f"the instance id {problem}", option=option, value=value)
+    return value
 
 
 def check_handler(job: str, handler: object) -> Handler:
@@ -209,7 +269,14 @@ def make_once(job: str, when: object) -> Once:
     if parsed.tzinfo is None or parsed.tzinfo.utcoffset(parsed) is None:
         raise ConfigurationError("the instant needs a time zone (e.g. '+00:00'); a naive time is ambiguous",
                                  job=job, option="when", value=when)
-    return Once(datetime_to_ms(parsed))
+    try:
+        at_ms = datetime_to_ms(parsed)
+    except (OverflowError, ValueError):
+        at_ms = None
+    if at_ms is None or not MIN_INSTANT_MS <= at_ms < MAX_INSTANT_MS:
+        raise ConfigurationError("the instant must be between 1970-01-01 and 9000-01-01 (UTC)",
+                                 job=job, option="when", value=when)
+    return Once(at_ms)
 
 
 @dataclass(frozen=True)
@@ -270,7 +337,7 @@ def build_job(
     if kind == "every":
         schedule = make_every(job, spec, schedule_options.get("offset", 0))
     elif kind == "cron":
-        schedule = make_cron(job, spec, schedule_options.get("timezone") or default_timezone)
+        schedule = make_cron(job, spec, schedule_options.get("timezone", default_timezone))
     else:
         schedule = make_once(job, spec)
     return Job(name=job, schedule=schedule, handler=fn, options=opts, origin=origin)

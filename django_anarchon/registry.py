@@ -3,14 +3,22 @@
 Decorators run while ``jobs.py`` modules are imported, long before any scheduler or
 backend exists, so they only validate and record. A scheduler built from settings
 later takes the jobs recorded for its alias (``jobs_for``). Validation happens at
-decoration time so a bad option fails at import, naming the job, option and value.
+decoration time, naming the job, option and value. During autodiscovery (inside
+``django.setup()``) an invalid job is kept as a registration error instead of raised, as
+Django does with model mistakes: setup succeeds, so the web process and the shell work,
+``manage.py check`` reports it (anarchon.E004), and the worker stops with the whole list
+(``migrate`` does not: a job takes no part in the schema).
+Anywhere else (a test, a shell, a module imported later) the decorator raises at once.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -23,6 +31,11 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 C = TypeVar("C", bound=type)
+
+logger = logging.getLogger("django_anarchon")
+
+#: True while autodiscovery imports the ``jobs.py`` modules (see ``Registry.collecting``).
+_collecting: ContextVar[bool] = ContextVar("django_anarchon_collecting", default=False)
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,17 @@ class ClassJobs:
     prefix: str
     defaults: Mapping[str, Any]
     origin: str
+
+
+@dataclass(frozen=True)
+class RegistrationError:
+    """A decorator's error kept during autodiscovery; ``manage.py check`` reports it."""
+
+    error: ConfigurationError
+    #: ``module:line (qualname)`` of the decorated function or class.
+    origin: str
+    #: The scheduler alias the job was meant for, when the decorator named one.
+    alias: str | None
 
 
 def _origin(obj: object) -> str:
@@ -91,6 +115,28 @@ class Registry:
         self._functions: dict[str, dict[str, FunctionJob]] = {}
         self._classes: dict[str, dict[str, ClassJobs]] = {}
         self._names: dict[str, dict[str, str]] = {}  # alias -> job name -> origin
+        self._errors: list[RegistrationError] = []
+
+    @contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Keep decorator errors raised inside the block instead of raising them."""
+        token = _collecting.set(True)
+        try:
+            yield
+        finally:
+            _collecting.reset(token)
+
+    def keep(self, error: ConfigurationError, origin: str, alias: str | None) -> bool:
+        """Keep ``error`` when collecting and say so; ``False`` means the caller raises it."""
+        if not _collecting.get():
+            return False
+        with self._lock:
+            self._errors.append(RegistrationError(error, origin, alias))
+        return True
+
+    def errors(self) -> list[RegistrationError]:
+        """Registration errors kept during autodiscovery, in the order they happened."""
+        return list(self._errors)
 
     def _claim_name(self, alias: str, name: str, origin: str) -> bool:
         """Reserve ``name``; ``False`` when the same place registers again (a module re-import)."""
@@ -128,7 +174,15 @@ class Registry:
         return list(self._classes.get(alias, {}).values())
 
     def install(self, scheduler: Scheduler, alias: str) -> None:
-        """Register every job recorded for ``alias`` on ``scheduler``."""
+        """Register every job recorded for ``alias`` on ``scheduler``.
+
+        Jobs kept as registration errors are not there: each is logged, and the system
+        checks (which the worker runs before it starts) report it as an error.
+        """
+        for kept in self._errors:
+            if kept.alias in (alias, None):
+                logger.error("scheduler %r runs without a job that failed to register: %s "
+                             "(defined at %s)", alias, kept.error, kept.origin)
         for entry in self.functions_for(alias):
             spec = entry.job
             _register_spec(scheduler, entry.name, spec, entry.handler)
@@ -141,6 +195,7 @@ class Registry:
             self._functions.pop(alias, None)
             self._classes.pop(alias, None)
             self._names.pop(alias, None)
+            self._errors = [kept for kept in self._errors if kept.alias != alias]
 
 
 registry = Registry()
@@ -158,6 +213,25 @@ def _register_spec(
         scheduler.at(name, spec.spec, handler, **options)
 
 
+def _alias_of(scheduler: object) -> str | None:
+    """The alias a decorator's job belongs to; ``None`` for a Scheduler object."""
+    if scheduler is None:
+        return DEFAULT_ALIAS
+    return scheduler if isinstance(scheduler, str) else None
+
+
+def _kept_later(error: ConfigurationError, alias: str | None) -> Callable[[F], F]:
+    """A decorator argument was wrong: raise now, or (collecting) keep it once ``fn`` is known."""
+    if not _collecting.get():
+        raise error
+
+    def keep(fn: F) -> F:
+        registry.keep(error, _origin(fn), alias)
+        return fn
+
+    return keep
+
+
 def _job_decorator(
     kind: JobKind,
     spec: Any,
@@ -165,40 +239,65 @@ def _job_decorator(
     scheduler: str | Scheduler | None,
     options: dict[str, Any],
 ) -> Callable[[F], F]:
-    if name is not None and (not isinstance(name, str) or not name.strip()):
-        raise ConfigurationError("a job name must be a non-empty string", option="name", value=name)
-    if scheduler is not None and not isinstance(scheduler, str) and not hasattr(scheduler, "every"):
-        raise ConfigurationError(
-            "expected a scheduler alias from settings.ANARCHON or a Scheduler",
-            job=name, option="scheduler", value=scheduler,
-        )
+    try:
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ConfigurationError("a job name must be a non-empty string", option="name",
+                                     value=name)
+        if (scheduler is not None and not isinstance(scheduler, str)
+                and not hasattr(scheduler, "every")):
+            raise ConfigurationError(
+                "expected a scheduler alias from settings.ANARCHON or a Scheduler",
+                job=name, option="scheduler", value=scheduler,
+            )
+    except ConfigurationError as exc:
+        return _kept_later(exc, _alias_of(scheduler))
 
     def decorate(fn: F) -> F:
-        if not callable(fn):
-            raise ConfigurationError("decorate a function or method", job=name, option="handler", value=fn)
-        origin = _origin(fn)
-        job_spec = JobSpec(name=name, kind=kind, spec=spec, options=dict(options), origin=origin)
-        if _is_method(fn):
-            # A method: the @scheduled class (or Scheduler.register) names and binds it later.
-            if scheduler is not None:
-                raise ConfigurationError(
-                    "choose the scheduler of a method job on @scheduled(scheduler=...)",
-                    job=name or fn.__name__, option="scheduler", value=scheduler,
-                )
-            _validate(name or fn.__name__, job_spec, fn)
-            specs: list[JobSpec] = list(getattr(fn, "_anarchon_jobs", []))
-            specs.append(job_spec)
-            fn._anarchon_jobs = specs  # type: ignore[attr-defined]
+        try:
+            return _decorate(kind, spec, name, scheduler, options, fn)
+        except ConfigurationError as exc:
+            if not registry.keep(exc, _origin(fn), _alias_of(scheduler)):
+                raise
+            if callable(fn):
+                # A @scheduled class must not then also say it has no job methods.
+                fn._anarchon_invalid = True  # type: ignore[attr-defined]
             return fn
-        full_name = name or f"{app_label_for(fn.__module__)}.{fn.__name__}"
-        if scheduler is not None and not isinstance(scheduler, str):
-            _register_spec(scheduler, full_name, job_spec, fn)
-            return fn
-        _validate(full_name, job_spec, fn)
-        registry.add_function(scheduler or DEFAULT_ALIAS, full_name, job_spec, fn)
-        return fn
 
     return decorate
+
+
+def _decorate(
+    kind: JobKind,
+    spec: Any,
+    name: str | None,
+    scheduler: str | Scheduler | None,
+    options: dict[str, Any],
+    fn: F,
+) -> F:
+    """Validate and record one decorated function (the body of every job decorator)."""
+    if not callable(fn):
+        raise ConfigurationError("decorate a function or method", job=name, option="handler", value=fn)
+    origin = _origin(fn)
+    job_spec = JobSpec(name=name, kind=kind, spec=spec, options=dict(options), origin=origin)
+    if _is_method(fn):
+        # A method: the @scheduled class (or Scheduler.register) names and binds it later.
+        if scheduler is not None:
+            raise ConfigurationError(
+                "choose the scheduler of a method job on @scheduled(scheduler=...)",
+                job=name or fn.__name__, option="scheduler", value=scheduler,
+            )
+        _validate(name or fn.__name__, job_spec, fn)
+        specs: list[JobSpec] = list(getattr(fn, "_anarchon_jobs", []))
+        specs.append(job_spec)
+        fn._anarchon_jobs = specs  # type: ignore[attr-defined]
+        return fn
+    full_name = name or f"{app_label_for(fn.__module__)}.{fn.__name__}"
+    if scheduler is not None and not isinstance(scheduler, str):
+        _register_spec(scheduler, full_name, job_spec, fn)
+        return fn
+    _validate(full_name, job_spec, fn)
+    registry.add_function(scheduler or DEFAULT_ALIAS, full_name, job_spec, fn)
+    return fn
 
 
 def _validate(name: str, spec: JobSpec, handler: Callable[..., Any]) -> None:
@@ -262,32 +361,49 @@ def scheduled(
     class that needs constructor arguments is registered with ``Scheduler.register(obj)``.
     """
     if scheduler is not None and not isinstance(scheduler, str):
-        raise ConfigurationError(
+        error = ConfigurationError(
             "expected a scheduler alias from settings.ANARCHON", option="scheduler", value=scheduler
         )
+        kept: Callable[[C], C] = _kept_later(error, None)
+        return kept(cls) if cls is not None else kept
 
     def decorate(klass: C) -> C:
-        if not inspect.isclass(klass):
-            raise ConfigurationError("@scheduled decorates a class", option="scheduled", value=klass)
-        the_prefix = prefix or f"{app_label_for(klass.__module__)}.{klass.__name__}"
-        names: list[tuple[str, str]] = []
-        for attr, value in inspect.getmembers(klass, callable):
-            for spec in getattr(value, "_anarchon_jobs", []):
-                job_name = f"{the_prefix}.{spec.name or attr}"
-                if defaults:
-                    build_job(job_name, spec.kind, spec.spec, value, {**defaults, **spec.options},
-                              origin=spec.origin)
-                names.append((job_name, spec.origin))
-        if not names:
-            raise ConfigurationError(
-                "the class has no methods decorated with @every, @cron or @at",
-                option="scheduled", value=klass.__qualname__,
-            )
-        entry = ClassJobs(cls=klass, prefix=the_prefix, defaults=dict(defaults or {}),
-                          origin=_origin(klass))
-        registry.add_class(scheduler or DEFAULT_ALIAS, entry, names)
+        try:
+            _decorate_class(klass, prefix, scheduler or DEFAULT_ALIAS, defaults)
+        except ConfigurationError as exc:
+            if not registry.keep(exc, _origin(klass), scheduler or DEFAULT_ALIAS):
+                raise
         return klass
 
     if cls is not None:
         return decorate(cls)
     return decorate
+
+
+def _decorate_class(
+    klass: type, prefix: str | None, alias: str, defaults: Mapping[str, Any] | None
+) -> None:
+    """Validate and record a ``@scheduled`` class's job methods."""
+    if not inspect.isclass(klass):
+        raise ConfigurationError("@scheduled decorates a class", option="scheduled", value=klass)
+    the_prefix = prefix or f"{app_label_for(klass.__module__)}.{klass.__name__}"
+    names: list[tuple[str, str]] = []
+    invalid = False
+    for attr, value in inspect.getmembers(klass, callable):
+        invalid = invalid or getattr(value, "_anarchon_invalid", False)
+        for spec in getattr(value, "_anarchon_jobs", []):
+            job_name = f"{the_prefix}.{spec.name or attr}"
+            if defaults:
+                build_job(job_name, spec.kind, spec.spec, value, {**defaults, **spec.options},
+                          origin=spec.origin)
+            names.append((job_name, spec.origin))
+    if not names:
+        if invalid:
+            return  # its only job methods failed, and their errors are kept
+        raise ConfigurationError(
+            "the class has no methods decorated with @every, @cron or @at",
+            option="scheduled", value=klass.__qualname__,
+        )
+    entry = ClassJobs(cls=klass, prefix=the_prefix, defaults=dict(defaults or {}),
+                      origin=_origin(klass))
+    registry.add_class(alias, entry, names)

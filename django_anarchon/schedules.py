@@ -126,6 +126,12 @@ _YEAR_MS = 366 * _DAY_MS
 _GAP_SLOTS = 500
 # A 29 February can be 8 years from the last one (2096 -> 2104).
 _MATCH_YEARS = 9
+_FIELDS = ("minute", "hour", "day of month", "month", "weekday")
+_NAMES = {
+    "month": {m: i for i, m in enumerate(
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1)},
+    "weekday": {d: i for i, d in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))},
+}
 
 
 class Cron:
@@ -156,7 +162,9 @@ class Cron:
     3. Anywhere else a wall-clock time is exactly one instant.
 
     An expression with no match in the next 9 years (``0 0 30 2 *``) is refused with
-    ``ValueError``, as is an unknown zone. UTC-offset changes are assumed to be more than
+    ``ValueError``, as is an unknown zone, a range that does not run forwards (``1-0``,
+    ``5-5``: croniter would read them as "every minute") and croniter's random ``R``
+    (each instance would draw its own slots). UTC-offset changes are assumed to be more than
     6 hours apart, which holds for every zone in tzdata.
     """
 
@@ -178,6 +186,7 @@ class Cron:
                 f"expected 5 fields (minute hour day month weekday), 6 with seconds first, "
                 f"or an alias such as @daily; got {len(fields)} field(s)"
             )
+        _check_fields(fields)
         if not isinstance(timezone, str) or not timezone:
             raise ValueError(f"unknown time zone {timezone!r}")
         try:
@@ -386,6 +395,47 @@ class Cron:
 
     def __repr__(self) -> str:
         return f"Cron({self.expression!r}, {self.timezone!r})"
+
+
+def _check_fields(fields: list[str]) -> None:
+    """Refuse what croniter accepts but reads otherwise than it is written.
+
+    croniter wraps a backwards range (``1-0`` in the minute field is every minute,
+    ``22-2`` in the hour field is 22:00 to 02:00), reads a one-value range ``5-5`` as
+    ``*``, and draws ``R`` at random, so instances would disagree on the slots.
+    """
+    names = (("second",) if len(fields) == 6 else ()) + _FIELDS
+    for field_name, text in zip(names, fields, strict=True):
+        for part in text.split(","):
+            bounds = part.split("/")[0]
+            if bounds == "r" or bounds.startswith("r("):
+                raise ValueError(
+                    f"{field_name} field {text!r}: 'R' (a random value) is refused, since every "
+                    "instance would pick its own; write the value"
+                )
+            ends = bounds.split("-")
+            if len(ends) != 2:
+                continue
+            low, high = (_field_value(field_name, end) for end in ends)
+            if low is None or high is None:
+                continue
+            if low > high:
+                raise ValueError(
+                    f"{field_name} field {text!r}: the range {bounds!r} runs backwards; write it "
+                    f"from the smaller value, or as two ranges separated by a comma"
+                )
+            if low == high:
+                raise ValueError(
+                    f"{field_name} field {text!r}: the range {bounds!r} has one value; "
+                    f"write {ends[0]!r}"
+                )
+
+
+def _field_value(field_name: str, text: str) -> int | None:
+    """A range end as a number (names of months and weekdays included); ``None`` for others."""
+    if text.isdigit():
+        return int(text)
+    return _NAMES.get(field_name, {}).get(text)
 
 
 def _local_now(zone: ZoneInfo) -> datetime:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,12 +25,12 @@ DATABASE = "django_anarchon.backends.database.DatabaseBackend"
 @pytest.fixture(autouse=True)
 def isolated_registry() -> Iterator[None]:
     """Each test sees only the jobs it declares; the registry is process-global."""
-    saved = (registry._functions, registry._classes, registry._names)
-    registry._functions, registry._classes, registry._names = {}, {}, {}
+    saved = (registry._functions, registry._classes, registry._names, registry._errors)
+    registry._functions, registry._classes, registry._names, registry._errors = {}, {}, {}, []
     try:
         yield
     finally:
-        registry._functions, registry._classes, registry._names = saved
+        registry._functions, registry._classes, registry._names, registry._errors = saved
 
 
 def ids(messages: list[CheckMessage]) -> list[str]:
@@ -243,3 +244,48 @@ def test_the_default_settings_use_the_database_backend() -> None:
         assert run_all() == []
     with override_settings(ANARCHON=None):
         assert ids(run_all()) == ["anarchon.W001"]  # tests.settings: SQLite without IMMEDIATE
+
+
+def test_scheduler_databases_names_where_database_schedulers_keep_runs() -> None:
+    from django_anarchon.checks import scheduler_databases
+
+    config = {
+        "default": {"BACKEND": DATABASE},
+        "reports": {"BACKEND": DATABASE, "OPTIONS": {"using": "sqlite"}},
+        "again": {"BACKEND": DATABASE, "OPTIONS": {"using": "sqlite"}},
+        "fast": {"BACKEND": MEMORY},
+        "broken": {"BACKEND": DATABASE, "OPTIONS": {"using": "nowhere"}},
+    }
+    with override_settings(ANARCHON=config):
+        assert scheduler_databases() == ["default", "sqlite"]
+        assert scheduler_databases(["fast", "reports"]) == ["sqlite"]
+        assert scheduler_databases(["unknown"]) == []
+    with override_settings(ANARCHON=["not a dict"]):
+        assert scheduler_databases() == []  # E001 says why
+
+
+def test_e007_runs_only_for_the_databases_a_command_names(
+    django_db_blocker: Any, tmp_path: Path
+) -> None:
+    """A fresh SQLite file has no tables: E007 once its alias is named, never before."""
+    from django.db import connections
+
+    from django_anarchon.checks import anarchon_database_check
+
+    connections.settings["fresh"] = {**connections.settings["default"],
+                                     "NAME": str(tmp_path / "fresh.sqlite3")}
+    config = {"default": {"BACKEND": DATABASE, "OPTIONS": {"using": "fresh"}}}
+    try:
+        with override_settings(ANARCHON=config):
+            assert "anarchon.E007" not in ids(run_checks())  # no database named: not even run
+            assert anarchon_database_check(databases=["default"]) == []  # not the scheduler's
+            with django_db_blocker.unblock():
+                (message,) = anarchon_database_check(databases=["fresh"])
+    finally:
+        if "fresh" in connections:
+            connections["fresh"].close()
+            del connections["fresh"]
+        del connections.settings["fresh"]
+    assert (message.id, message.obj) == ("anarchon.E007", "fresh")
+    assert "django_anarchon_run" in message.msg
+    assert message.hint == "Run `python manage.py migrate --database fresh`."

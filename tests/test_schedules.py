@@ -308,6 +308,51 @@ def test_bad_expressions_raise_value_error(expression: str) -> None:
     assert str(info.value)  # readable, non-empty
 
 
+@pytest.mark.parametrize(
+    ("expression", "field", "fragment"),
+    [
+        ("1-0 * * * *", "minute", "runs backwards"),  # croniter: every minute
+        ("1-0/5 * * * *", "minute", "runs backwards"),  # croniter: 1-59/5
+        ("0,59-0 * * * *", "minute", "runs backwards"),  # croniter: 0 and 59
+        ("0 22-2 * * *", "hour", "runs backwards"),  # croniter: 22:00 to 02:00
+        ("0 0 20-10 * *", "day of month", "runs backwards"),
+        ("0 0 1 dec-jan *", "month", "runs backwards"),
+        ("0 0 * * 7-1", "weekday", "runs backwards"),
+        ("0 0 * * sat-sun", "weekday", "runs backwards"),
+        ("*/10 5-1 * * * *", "minute", "runs backwards"),  # six fields: seconds first
+        ("5-1 * * * * *", "second", "runs backwards"),
+        ("5-5 * * * *", "minute", "one value"),  # croniter: every minute
+        ("1-1/2 * * * *", "minute", "one value"),  # croniter: every even minute
+        ("0 0 * * mon-mon", "weekday", "one value"),  # croniter: every day
+        ("R * * * *", "minute", "random"),  # croniter: a random minute per process
+        ("0 R * * *", "hour", "random"),
+    ],
+)
+def test_expressions_croniter_misreads_are_refused(expression: str, field: str,
+                                                   fragment: str) -> None:
+    with pytest.raises(ValueError) as info:
+        Cron(expression, "UTC")
+    assert str(info.value).startswith(f"{field} field")
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("expression", "first"),
+    [
+        ("0-1 * * * *", "2026-01-01T00:01"),
+        ("58-59,0 * * * *", "2026-01-01T00:58"),
+        ("0 9-17/4 * * *", "2026-01-01T09:00"),
+        ("0 0 * * 0-7", "2026-01-02T00:00"),
+        ("0 0 * * 5-7", "2026-01-02T00:00"),  # Friday to Sunday (7 is Sunday)
+        ("0 0 * jan-feb *", "2026-01-02T00:00"),
+        ("0 0 L * *", "2026-01-31T00:00"),
+    ],
+)
+def test_forward_ranges_are_taken(expression: str, first: str) -> None:
+    cron = Cron(expression, "UTC")
+    assert cron.next_after(ms("2026-01-01T00:00:30+00:00")) == ms(f"{first}+00:00")
+
+
 @pytest.mark.parametrize("zone", ["Mars/Olympus_Mons", "", "../etc/passwd", "europe athens"])
 def test_unknown_zone_raises_value_error(zone: str) -> None:
     with pytest.raises(ValueError, match="time zone"):

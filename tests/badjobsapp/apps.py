@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BadJobsAppConfig(AppConfig):
+    name = "tests.badjobsapp"
+    label = "badjobsapp"
