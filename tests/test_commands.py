@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from io import StringIO
 from typing import Any
@@ -16,6 +19,8 @@ from django_anarchon import every
 from django_anarchon.handler import schedulers
 from django_anarchon.models import RunRequest
 from django_anarchon.registry import registry
+
+from .support import ROOT
 
 MEMORY = "django_anarchon.backends.memory.MemoryBackend"
 SETTINGS = {
@@ -105,6 +110,10 @@ def test_run_a_failing_job_exits_non_zero_with_the_error() -> None:
 def test_run_refuses_bad_input() -> None:
     with pytest.raises(CommandError, match="not valid JSON"):
         run("anarchon_run", "mail.send", "--data", "{oops")
+    with pytest.raises(CommandError, match=r"^--data: NaN is not standard JSON"):
+        run("anarchon_run", "mail.send", "--data", "NaN")
+    with pytest.raises(CommandError, match=r"^--data: data nests deeper than 64 levels$"):
+        run("anarchon_run", "mail.send", "--data", "[" * 5000 + "]" * 5000)
     with pytest.raises(CommandError, match=r"unknown job 'nope'; known jobs: mail.send, stock"):
         run("anarchon_run", "nope")
     with pytest.raises(CommandError, match="exists on schedulers default, other"):
@@ -149,5 +158,22 @@ def test_history_of_every_job_shows_errors() -> None:
 
 def test_history_when_nothing_ran_and_bad_limit() -> None:
     assert run("anarchon_history", "mail.send")[0].strip() == "No runs recorded yet."
-    with pytest.raises(CommandError, match="--limit must be at least 1"):
-        run("anarchon_history", "--limit", "0")
+    for limit in ("0", "10001", "99999999999999999999", "ten"):
+        message = f"argument --limit: expected a whole number from 1 to 10,000, got '{limit}'"
+        with pytest.raises(CommandError, match=message):
+            run("anarchon_history", "--limit", limit)
+    assert run("anarchon_history", "--limit", "10000")[0].strip() == "No runs recorded yet."
+
+
+def test_jobs_outside_jobs_py_are_found_when_imported_at_start() -> None:
+    """docs/deployment.md's two recipes: import from jobs.py, or from AppConfig.ready()."""
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "anarchon_jobs", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.otherjobs_settings",
+             "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr
+    names = {item["name"] for item in json.loads(result.stdout)}
+    assert {"otherjobsapp.nightly_report", "otherjobsapp.retry_invoices"} <= names
+    assert "otherjobsapp.never_found" not in names  # a module nothing imports

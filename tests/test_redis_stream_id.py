@@ -85,7 +85,10 @@ def test_a_slot_passed_by_a_later_one_is_refused_loudly(
     warnings = lost_warnings(caplog)
     assert len(warnings) == 4, warnings
     assert all("'app.passed'" in w for w in warnings)
-    assert [w.split()[2] for w in warnings] == ["6000", "6000", "6000", "4000"]
+    assert [w.split()[2] for w in warnings] == [
+        "1970-01-01T00:00:06+00:00", "1970-01-01T00:00:06+00:00", "1970-01-01T00:00:06+00:00",
+        "1970-01-01T00:00:04+00:00",
+    ]
     assert "'lease' or 'script' strategy" in warnings[0]
 
 

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from django.db import close_old_connections, connections
 
+from ..logtime import iso
 from .context import JobContext
 from .signal import AbortSignal
 
@@ -190,7 +191,7 @@ def _late(job: str, slot: int, result: object) -> None:
     logger.warning(
         "job %s slot %s: the handler %s after its attempt had ended; result ignored",
         job,
-        slot,
+        iso(slot),
         how,
     )
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..backends.base import ClaimInput, ClaimOutcome, RunClaim, RunReason
 from ..jobs import Job
+from ..logtime import iso
 from ..retry import retry_store_call
 from .calls import error_text
 from .runner import Attempt
@@ -175,10 +176,10 @@ class ClaimFlows:
                 free -= 0 if job.is_async else 1
                 together.append((job, slot))
             else:  # the pool is full: claim later, alone, so that idle instances win it
-                host.spawn(self._slot_flow(job, slot), f"{job.name}@{slot}")
+                host.spawn(self._slot_flow(job, slot), f"{job.name}@{iso(slot)}")
         if len(together) < 2 or not many:
             for job, slot in together:
-                host.spawn(self._slot_flow(job, slot), f"{job.name}@{slot}")
+                host.spawn(self._slot_flow(job, slot), f"{job.name}@{iso(slot)}")
             return
         for start in range(0, len(together), CLAIM_MANY_CHUNK):
             chunk = together[start : start + CLAIM_MANY_CHUNK]
@@ -243,7 +244,7 @@ class ClaimFlows:
                         slot + job.options.max_late_ms,
                         None if outcomes is None else outcomes[i],
                     ),
-                    f"{job.name}@{slot}",
+                    f"{job.name}@{iso(slot)}",
                 )
             return
         inputs = [self.claim_input(job, slot) for job, slot in live]
@@ -265,7 +266,7 @@ class ClaimFlows:
             if won is None or won[i]:
                 host.spawn(
                     self._claim_only(job, slot, inputs[i], None if won is None else True),
-                    f"{job.name}@{slot}",
+                    f"{job.name}@{iso(slot)}",
                 )
 
     def catch_up(self, job: Job, now: int) -> None:
@@ -282,7 +283,7 @@ class ClaimFlows:
             return  # still due: the timer's own claim of it is coming
         claim = self.run_claim(job, slot, "catch-up", options.catch_up_ms)
         self.host.spawn(
-            self._lease_claim(job, claim, now + self.host.lease_ms), f"catch-up {job.name}@{slot}"
+            self._lease_claim(job, claim, now + self.host.lease_ms), f"catch-up {job.name}@{iso(slot)}"
         )
 
     async def _admit(self, job: Job) -> int:
@@ -303,7 +304,10 @@ class ClaimFlows:
         """Claim on a store without leases (unless ``won`` is known) and run on a win."""
         host = self.host
         claim = claim or self.claim_input(job, slot)
-        what = f"scheduler {host.name} ({host.instance_id}): claim of job {job.name} slot {slot}"
+        what = (
+            f"scheduler {host.name} ({host.instance_id}): claim of job {job.name} "
+            f"slot {iso(slot)}"
+        )
         if won is None:
             units = await self._admit(job)
             try:
@@ -352,7 +356,7 @@ class ClaimFlows:
         assert runs is not None
         what = (
             f"scheduler {host.name} ({host.instance_id}): {claim.mode} claim of job {claim.job} "
-            f"slot {claim.slot}"
+            f"slot {iso(claim.slot)}"
         )
         units = await self._admit(job)
         try:
@@ -418,7 +422,7 @@ class ClaimFlows:
                     "scheduler %s: job %s slot %s is %s ms early by the store's clock",
                     host.name,
                     job.name,
-                    claim.slot,
+                    iso(claim.slot),
                     outcome.wait_ms,
                 )
                 if await host.wait_stopping(wait_ms / 1000):
@@ -477,7 +481,7 @@ class ClaimFlows:
                     "scheduler %s: active(%s) failed while watching slot %s: %r",
                     host.name,
                     job.name,
-                    claim.slot,
+                    iso(claim.slot),
                     exc,
                 )
                 continue
@@ -509,6 +513,6 @@ class ClaimFlows:
                 "scheduler %s: release of job %s slot %s failed: %r",
                 host.name,
                 attempt.job.name,
-                attempt.slot,
+                iso(attempt.slot),
                 exc,
             )

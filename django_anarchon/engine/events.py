@@ -17,6 +17,7 @@ from django.dispatch import Signal
 
 from .. import signals
 from ..backends.base import RunRecord, ms_to_datetime
+from ..logtime import iso
 
 __all__ = ["EVENTS", "Event", "EventName", "EventRegistry"]
 
@@ -101,7 +102,7 @@ class EventRegistry:
                     event.name,
                     callback,
                     event.job,
-                    event.slot,
+                    iso(event.slot),
                 )
         signal = _SIGNALS[event.name]
         if not signal.has_listeners(sender):
@@ -122,7 +123,7 @@ class EventRegistry:
                     receiver,
                     response,
                     event.job,
-                    event.slot,
+                    iso(event.slot),
                     exc_info=response,
                 )
 

@@ -52,6 +52,7 @@ from ..backends.base import (
 from ..durations import format_duration
 from ..exceptions import JobTimeoutError
 from ..jobs import Job
+from ..logtime import iso
 from ..retry import retry_store_call
 from .calls import (
     _CANCELLED,
@@ -169,7 +170,7 @@ class Runner:
 
     def _what(self, attempt: Attempt, call: str) -> str:
         return (
-            f"scheduler {self.host.name}: {call} of job {attempt.job.name} slot {attempt.slot} "
+            f"scheduler {self.host.name}: {call} of job {attempt.job.name} slot {iso(attempt.slot)} "
             f"attempt {attempt.attempt}"
         )
 
@@ -327,7 +328,7 @@ class Runner:
             logger.warning(
                 "job %s slot %s attempt %s: %s",
                 job.name,
-                attempt.slot,
+                iso(attempt.slot),
                 attempt.attempt,
                 timeout_error,
             )
@@ -339,7 +340,7 @@ class Runner:
             logger.warning(
                 "job %s slot %s attempt %s: the %s raised %r",
                 job.name,
-                attempt.slot,
+                iso(attempt.slot),
                 attempt.attempt,
                 "data provider" if provider else "handler",
                 result.exc,
@@ -503,7 +504,7 @@ class Runner:
                 logger.warning(
                     "job %s slot %s attempt %s: heartbeat refused; the run was taken over",
                     job,
-                    slot,
+                    iso(slot),
                     attempt.attempt,
                 )
                 attempt.lost = True

@@ -29,7 +29,8 @@ from ..backends.base import (
     RunRecord,
     ms_to_datetime,
 )
-from ..durations import parse_duration
+from ..backends.refusals import is_refusal
+from ..durations import format_duration, parse_duration
 from ..exceptions import ConfigurationError, DuplicateJobError, UnknownJobError
 from ..jobs import (
     COMMON_OPTIONS,
@@ -40,9 +41,11 @@ from ..jobs import (
     JobOptions,
     build_job,
     check_dedupe_window,
+    check_instance_id,
     check_timezone,
     validate_options,
 )
+from ..logtime import iso
 from ..retry import retry_store_call
 from .calls import error_text
 from .claims import ClaimFlows, new_token
@@ -94,9 +97,18 @@ def _origin(handler: object) -> str:
         return f"{module}.{qualname}"
 
 
+def _runs(attempts: Iterable[Attempt]) -> str:
+    """``job@slot`` of each attempt, for the stop's log lines."""
+    return ", ".join(f"{a.job.name}@{iso(a.slot)}" for a in attempts)
+
+
+def _outage(exc: BaseException) -> bool:
+    return not is_refusal(exc)
+
+
 def default_instance_id() -> str:
-    """``host-pid-xxxx``: unique per process, readable in history."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+    """``host-pid-xxxx``: unique per process, readable in history, within the 255 of the stores."""
+    return f"{socket.gethostname()[:200]}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
 class Scheduler:
@@ -121,8 +133,10 @@ class Scheduler:
         self.name = name
         self.backend = backend
         self.instance_id = instance_id if instance_id is not None else default_instance_id()
-        if not isinstance(self.instance_id, str) or not self.instance_id:
-            self._config_error("must be a non-empty string", "instance_id", instance_id)
+        try:
+            check_instance_id(self.instance_id)
+        except ConfigurationError as exc:
+            self._config_error(exc.reason, "instance_id", instance_id)
         self.lease_ms = self._duration(lease, "lease")
         if self.lease_ms <= 0:
             self._config_error("must be longer than zero", "lease", lease)
@@ -529,10 +543,12 @@ class Scheduler:
         return True
 
     async def _init_and_prepare(self) -> None:
+        """Outages are waited out; a refusal (wrong password, no such database) is raised."""
         await retry_store_call(
             f"scheduler {self.name}: init of the {self.backend.name} backend",
             self.backend.init,
             max_delay_s=START_RETRY_MAX_S,
+            retryable=_outage,
         )
         self._initialized = True
         for state in list(self._jobs.values()):
@@ -543,6 +559,7 @@ class Scheduler:
                     job.name, job.options.history_size
                 ),
                 max_delay_s=START_RETRY_MAX_S,
+                retryable=_outage,
             )
 
     async def stop(self, grace: object = "30s") -> None:
@@ -577,16 +594,26 @@ class Scheduler:
             await self._timer.stop()
         for attempt in started:
             attempt.abort("stop")
+        if started:
+            logger.info(
+                "scheduler %s: waiting up to %s for %s run(s) to end: %s",
+                self.name,
+                format_duration(grace_ms),
+                len(started),
+                _runs(started),
+            )
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=grace_ms / 1000)
-        for attempt in list(self._attempts):
+        left = list(self._attempts)
+        if left:
             logger.warning(
-                "scheduler %s: job %s slot %s still running after the grace; "
-                "recording it interrupted and releasing its lease",
+                "scheduler %s: %s run(s) still running after the grace, recorded interrupted "
+                "and their leases released: %s",
                 self.name,
-                attempt.job.name,
-                attempt.slot,
+                len(left),
+                _runs(left),
             )
+        for attempt in left:
             attempt.interrupt("stop")
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=10)
@@ -675,8 +702,8 @@ class Scheduler:
                     "scheduler %s: job %s fell behind; slots from %s to %s are too late",
                     self.name,
                     job.name,
-                    skipped_from,
-                    slot,
+                    iso(skipped_from),
+                    iso(slot),
                 )
         state.next_slot = slot
         if self._timer is None:

@@ -16,6 +16,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from ..logtime import iso
+
 __all__ = ["Timer"]
 
 logger = logging.getLogger("django_anarchon")
@@ -128,7 +130,7 @@ class Timer:
                     try:
                         self._fire(key, due)
                     except Exception:
-                        logger.exception("%s: firing %s (due %s) failed", self._label, key, due)
+                        logger.exception("%s: firing %s (due %s) failed", self._label, key, iso(due))
                 while self._heap and self._heap[0][0:2] != self._current.get(self._heap[0][2]):
                     heapq.heappop(self._heap)  # drop replaced or cancelled entries
                 delay = MAX_SLEEP_S

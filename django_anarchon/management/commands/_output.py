@@ -1,17 +1,25 @@
-"""Shared by the read-only commands: find schedulers and jobs, print tables and JSON."""
+"""Shared by the commands: find schedulers and jobs, turn store errors into one line, print.
+
+A command that cannot reach its store says so in one line (scheduler, backend, error)
+and exits 1, through :func:`store_errors`; Django's ``--traceback`` shows the rest.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.db import DatabaseError
 from django.utils import timezone
 
 from django_anarchon import conf
 from django_anarchon.exceptions import AnarchonError
+from django_anarchon.redact import describe_backend, redact_text
 
 if TYPE_CHECKING:
     from django_anarchon.engine import Scheduler
@@ -24,10 +32,8 @@ def add_scheduler_argument(parser: CommandParser) -> None:
     )
 
 
-def selected_schedulers(aliases: Sequence[str] | None) -> list[tuple[str, Scheduler]]:
-    """``(alias, scheduler)`` for the aliases asked for (default: every configured one)."""
-    from django_anarchon.handler import schedulers
-
+def chosen_aliases(aliases: Sequence[str] | None) -> list[str]:
+    """The scheduler aliases asked for (default: every configured one), each checked."""
     try:
         configured = list(conf.get_config())
     except AnarchonError as exc:
@@ -36,10 +42,70 @@ def selected_schedulers(aliases: Sequence[str] | None) -> list[tuple[str, Schedu
     for alias in chosen:
         if alias not in configured:
             raise CommandError(f"unknown scheduler {alias!r}; configured: {', '.join(configured)}")
+    return chosen
+
+
+def selected_schedulers(aliases: Sequence[str] | None) -> list[tuple[str, Scheduler]]:
+    """``(alias, scheduler)`` for the aliases asked for (default: every configured one)."""
+    from django_anarchon.handler import schedulers
+
+    chosen = chosen_aliases(aliases)
     try:
         return [(alias, schedulers[alias]) for alias in chosen]
     except AnarchonError as exc:
         raise CommandError(str(exc)) from exc
+
+
+@contextmanager
+def store_errors(alias: str, scheduler: Scheduler) -> Iterator[None]:
+    """Turn an error of ``scheduler``'s store into a one-line :class:`CommandError` (exit 1).
+
+    A store that is down, refuses the password or lacks its tables is the user's to fix,
+    not a bug: the line names the scheduler, the backend and the error; the original
+    stays chained for ``--traceback``.
+    """
+    try:
+        yield
+    except CommandError:
+        raise
+    except Exception as exc:
+        raise CommandError(
+            f"scheduler {alias!r}, backend {describe_backend(scheduler.backend)}: {error_line(exc)}"
+        ) from exc
+
+
+def error_line(exc: BaseException) -> str:
+    """``Class: first line of the message``, with a hint when the app's tables are missing."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {redact_text(lines[0])}" if lines else type(exc).__name__
+    if isinstance(exc, DatabaseError) and _names_missing_table(str(exc)):
+        text += "; run `python manage.py migrate`"
+    return text
+
+
+def _names_missing_table(message: str) -> bool:
+    """PostgreSQL, SQLite and MySQL/MariaDB's words for a missing django_anarchon table."""
+    lowered = message.lower()
+    return "django_anarchon_" in lowered and any(
+        words in lowered for words in ("does not exist", "no such table", "doesn't exist")
+    )
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number from ``low`` to ``high``, or a clear usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from {low} to {high:,}, got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 def find_job(name: str, aliases: Sequence[str] | None) -> tuple[str, Scheduler]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ._output import add_scheduler_argument, selected_schedulers, table, to_json, when
+from ._output import add_scheduler_argument, selected_schedulers, store_errors, table, to_json, when
 
 
 class Command(BaseCommand):
@@ -21,7 +21,8 @@ class Command(BaseCommand):
         items: list[dict[str, Any]] = []
         for alias, scheduler in selected_schedulers(options["schedulers"]):
             for info in sorted(scheduler.jobs(), key=lambda i: i.name):
-                last = scheduler.last_run(info.name)
+                with store_errors(alias, scheduler):
+                    last = scheduler.last_run(info.name)
                 items.append({"scheduler": alias, **info.to_dict(),
                               "last_run": last.to_dict() if last else None})
                 rows.append([

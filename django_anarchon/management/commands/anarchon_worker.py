@@ -19,11 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
-from django_anarchon.conf import get_config
+from django_anarchon.checks import scheduler_databases
 from django_anarchon.durations import format_duration, parse_duration
 from django_anarchon.exceptions import AnarchonError
 from django_anarchon.handler import build_scheduler
+from django_anarchon.jobs import check_instance_id
+from django_anarchon.redact import describe_backend
+
+from ._output import chosen_aliases, store_errors
 
 if TYPE_CHECKING:
     from django_anarchon.engine import Scheduler
@@ -55,24 +60,42 @@ class Command(BaseCommand):
             help="Touch PATH every few seconds while the worker is healthy (a liveness probe).",
         )
 
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """The system checks, with the database ones for the schedulers' databases.
+
+        Like ``migrate``, the worker names its databases, so that a database never
+        migrated (anarchon.E007) stops it at start with the fix, instead of a worker that
+        waits for tables nobody will create. ``--skip-checks`` skips this too.
+        """
+        kwargs.setdefault("databases", scheduler_databases())
+        try:
+            super().check(*args, **kwargs)
+        except DatabaseError:
+            # A database that is down cannot be checked (Django's MySQL check queries it):
+            # the start waits for it like for any store outage, so check without it.
+            kwargs["databases"] = []
+            super().check(*args, **kwargs)
+
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             grace_ms = parse_duration(options["grace"], option="--grace")
         except AnarchonError as exc:
             raise CommandError(str(exc)) from exc
-        aliases = options["schedulers"] or list(get_config())
-        unknown = [alias for alias in aliases if alias not in get_config()]
-        if unknown:
-            raise CommandError(
-                f"unknown scheduler {unknown[0]!r}; configured: {', '.join(get_config())}"
-            )
-        overrides = {"instance_id": options["instance_id"]} if options["instance_id"] else {}
+        aliases = chosen_aliases(options["schedulers"])
+        overrides = {}
+        if options["instance_id"] is not None:
+            try:
+                overrides["instance_id"] = check_instance_id(
+                    options["instance_id"], option="--instance-id"
+                )
+            except AnarchonError as exc:
+                raise CommandError(str(exc)) from exc
+        health = None if options["health_file"] is None else _probe_path(options["health_file"])
         try:
             schedulers = [build_scheduler(alias, **overrides) for alias in aliases]
         except AnarchonError as exc:
             raise CommandError(str(exc)) from exc
         self._setup_logging(int(options["verbosity"]))
-        health = Path(options["health_file"]) if options["health_file"] else None
         runner = asyncio.Runner()
         try:
             runner.run(Worker(schedulers, grace_ms, health, self.stdout.write).run())
@@ -96,6 +119,24 @@ class Command(BaseCommand):
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.DEBUG if verbosity > 1 else logging.INFO)
+
+
+def _probe_path(given: str) -> Path:
+    """``--health-file``, refused at start unless the worker will be able to touch it.
+
+    A probe that can never be written looks, to the orchestrator, like a worker that
+    never became healthy; better to say why at once than to be restarted in a loop.
+    """
+    path = Path(given)
+    folder = path.parent
+    if not given or path.is_dir():
+        raise CommandError(f"--health-file {given!r} is a directory, not a file")
+    if not folder.is_dir():
+        raise CommandError(f"--health-file {given!r}: the directory {str(folder)!r} does not exist")
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(folder, os.W_OK | os.X_OK)
+    if not writable:
+        raise CommandError(f"--health-file {given!r} cannot be written by this user")
+    return path
 
 
 def _close_loop(runner: asyncio.Runner) -> bool:
@@ -151,21 +192,34 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        for scheduler in self.schedulers:
+            if not scheduler.jobs():
+                logger.warning(
+                    "scheduler %r has no jobs: define them in a jobs.py module of an installed "
+                    "app, or import their module from one", scheduler.name,
+                )
+        failure: CommandError | None = None
         try:
             for scheduler in self.schedulers:
                 _log_runs(scheduler)
-                await scheduler.start()
+                try:
+                    with store_errors(scheduler.name, scheduler):
+                        await scheduler.start()
+                except CommandError as exc:  # not an outage (those are waited for)
+                    failure = exc
+                    break
                 if self.stopping.is_set():
                     break
             else:
                 self._banner()
-            tasks = [asyncio.create_task(self._pickup_requests())]
-            if self.health_file is not None:
-                tasks.append(asyncio.create_task(self._touch_health()))
-            await self.stopping.wait()
-            for task in tasks:
-                task.cancel()
-            grace = 0 if self.signals > 1 else self.grace_ms
+            if failure is None:
+                tasks = [asyncio.create_task(self._pickup_requests())]
+                if self.health_file is not None:
+                    tasks.append(asyncio.create_task(self._touch_health()))
+                await self.stopping.wait()
+                for task in tasks:
+                    task.cancel()
+            grace = 0 if self.signals > 1 or failure is not None else self.grace_ms
             logger.info("stopping (grace %s)", format_duration(grace))
             stops = [asyncio.create_task(s.stop(grace=grace / 1000)) for s in self.schedulers]
             done, _ = await asyncio.wait(stops)
@@ -181,6 +235,8 @@ class Worker:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         logger.info("stopped")
+        if failure is not None:
+            raise failure
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
@@ -196,8 +252,8 @@ class Worker:
     def _banner(self) -> None:
         for scheduler in self.schedulers:
             self.write(
-                f"anarchon worker: scheduler {scheduler.name!r}, backend {_describe(scheduler.backend)}, "
-                f"instance {scheduler.instance_id}"
+                f"anarchon worker: scheduler {scheduler.name!r}, "
+                f"backend {describe_backend(scheduler.backend)}, instance {scheduler.instance_id}"
             )
             for info in scheduler.jobs():
                 next_run = info.next_run_at.isoformat() if info.next_run_at else "never"
@@ -205,10 +261,19 @@ class Worker:
         self.write("Press Ctrl+C (SIGINT) or send SIGTERM to stop gracefully.")
 
     async def _touch_health(self) -> None:
+        """Touch the probe while every scheduler runs; a failure is logged once per streak."""
         assert self.health_file is not None
+        failing = False
         while True:
             if all(s.running for s in self.schedulers):
-                self.health_file.touch()
+                try:
+                    self.health_file.touch()
+                except OSError as exc:
+                    if not failing:
+                        logger.warning("cannot touch the health file %s: %s", self.health_file, exc)
+                    failing = True
+                else:
+                    failing = False
             await asyncio.sleep(5)
 
     async def _pickup_requests(self) -> None:
@@ -250,8 +315,3 @@ def _log_runs(scheduler: Scheduler) -> None:
         scheduler.on(name, ended)
     scheduler.on("skip", skipped)
     scheduler.on("lost", lost)
-
-
-def _describe(backend: Any) -> str:
-    describe = getattr(backend, "describe", None)
-    return str(describe()) if callable(describe) else str(getattr(backend, "name", backend))
