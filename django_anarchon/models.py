@@ -8,7 +8,7 @@ so that the admin can filter and browse them by date.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -100,7 +100,7 @@ class Run(models.Model):
         # PostgreSQL (docs/backends/database.md).
 
     def __str__(self) -> str:
-        return f"{self.job} @ {self.scheduled_at.isoformat()} #{self.attempt}"
+        return f"{self.job} @ {_utc(self.scheduled_at)} #{self.attempt}"
 
     @property
     def scheduled_at(self) -> datetime:
@@ -128,8 +128,9 @@ class RunAttempt(models.Model):
     error = models.TextField(_("error"), null=True, blank=True)
 
     class Meta:
-        verbose_name = _("run")
-        verbose_name_plural = _("run history")
+        # "44 run attempts" in the admin's counts (a plural of "run history" read "44 run history")
+        verbose_name = _("run attempt")
+        verbose_name_plural = _("run attempts")
         ordering = ["-started_at", "-slot", "-attempt"]
         constraints = [
             models.UniqueConstraint(
@@ -145,7 +146,7 @@ class RunAttempt(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job} @ {self.scheduled_at.isoformat()} #{self.attempt} ({self.status})"
+        return f"{self.job} @ {_utc(self.scheduled_at)} #{self.attempt} ({self.status})"
 
 
 class RunRequest(models.Model):
@@ -189,3 +190,8 @@ class ScheduledJob(RunRequest):
         verbose_name_plural = _("jobs")
         default_permissions = ("view",)
         permissions = [("run_job", _("Can run a job now from the admin"))]
+
+
+def _utc(instant: datetime) -> str:
+    """A slot as the admin's titles show it: to the second, in UTC, and saying so."""
+    return f"{instant.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"

@@ -10,7 +10,8 @@ from tests.settings import *  # noqa: F403
 
 DEBUG = True  # runserver serves the admin's CSS, so the screenshot looks like the admin
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
-INSTALLED_APPS = [*INSTALLED_APPS, "django.contrib.staticfiles"]  # noqa: F405
+# browserapp: an every-5s job that sometimes fails and a long name (tests/browserapp/jobs.py)
+INSTALLED_APPS = [*INSTALLED_APPS, "django.contrib.staticfiles", "tests.browserapp"]  # noqa: F405
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -114,7 +115,7 @@ def csrf_post(client: Client, url: str, data: dict[str, str]) -> Any:
 
 def test_anonymous_users_are_sent_to_login() -> None:
     for url in (JOBS_URL, RUN_URL, "/admin/django_anarchon/runattempt/",
-                "/admin/django_anarchon/run/", f"{JOBS_URL}default/reports.daily/history/"):
+                "/admin/django_anarchon/run/", f"{JOBS_URL}history/?scheduler=default&job=reports.daily"):
         response = Client().get(url)
         assert response.status_code == 302, url
         assert response["Location"].startswith("/admin/login/"), url
@@ -202,11 +203,67 @@ def test_a_slow_store_does_not_hang_the_page(viewer: Client, monkeypatch: pytest
     assert "did not answer" not in daily[: daily.index("</tr>")]
 
 
+def history_url(client: Client, job: str) -> str:
+    """The Jobs page's link to ``job``'s history, resolved the way a browser resolves it.
+
+    ``urljoin`` removes ``.`` and ``..`` path segments (RFC 3986), as browsers do.
+    """
+    page = client.get(JOBS_URL).content.decode()
+    row = page[page.index(f'data-job="{html.escape(job)}"'):]
+    link = re.search(r'<a href="([^"]+)"', row[: row.index("</tr>")])
+    assert link, f"no history link for {job!r}"
+    href = html.unescape(link.group(1))
+    resolved = urlsplit(urljoin(f"http://testserver{JOBS_URL}", href))
+    return f"{resolved.path}?{resolved.query}" if resolved.query else resolved.path
+
+
 def test_job_history_page_reads_any_backend(viewer: Client) -> None:
     schedulers["second"].run_now("mail.digest")
-    page = viewer.get(f"{JOBS_URL}second/mail.digest/history/").content.decode()
+    page = viewer.get(history_url(viewer, "mail.digest")).content.decode()
     assert "anarchon-reason-manual" in page
     assert "web-1" in page
+
+
+ODD_NAMES = (".", "..", "a/../b", "b", "a%2Fb", "a/b", "with space", "ünïcødé ☃", "?x=1&y#z")
+
+
+def test_history_links_lead_to_their_own_job(viewer: Client) -> None:
+    """A name is never a path: ".", ".." and "a/../b" would normalise to another page."""
+    for name in ODD_NAMES:
+        every("1h", name=name)(ok)
+    with override_settings(ANARCHON=TWO_SCHEDULERS):  # schedulers rebuilt with these jobs
+        for index, name in enumerate(ODD_NAMES):
+            for _ in range(index + 1):  # a different number of runs per job tells pages apart
+                schedulers["default"].run_now(name)
+        for index, name in enumerate(ODD_NAMES):
+            url = history_url(viewer, name)
+            response = viewer.get(url)
+            assert response.status_code == 200, (name, url)
+            assert response.context["job"] == name, (name, url)
+            assert len(response.context["rows"]) == index + 1, (name, url)
+            assert f"History of {html.escape(name)}" in response.content.decode()
+
+
+def test_history_page_wants_a_known_scheduler_and_a_job(viewer: Client) -> None:
+    assert viewer.get(f"{JOBS_URL}history/?scheduler=nightly&job=x").status_code == 404
+    assert viewer.get(f"{JOBS_URL}history/?scheduler=default").status_code == 404
+    empty = viewer.get(f"{JOBS_URL}history/?scheduler=default&job=never.registered")
+    assert empty.status_code == 200 and "No runs recorded yet" in empty.content.decode()
+
+
+def test_history_page_shows_the_first_line_and_hides_the_traceback(viewer: Client) -> None:
+    """Ten failures used to print ten whole tracebacks; each is one click away now."""
+    for _ in range(10):
+        schedulers["default"].run_now("reports.flaky")
+    page = viewer.get(history_url(viewer, "reports.flaky")).content.decode()
+    cells = re.findall(
+        r'<details class="anarchon-traceback"><summary>(.*?)</summary>'
+        r'<pre class="anarchon-error">(.*?)</pre></details>', page, re.S)
+    assert len(cells) == 10
+    for summary, traceback in cells:
+        assert summary == "RuntimeError: the report server said no"
+        assert "Traceback (most recent call last)" in traceback and "in boom" in traceback
+    assert page.count('<pre class="anarchon-error">') == 10  # none outside a <details>
 
 
 # --- Run now --------------------------------------------------------------------------
@@ -252,6 +309,36 @@ def test_run_now_takes_json_data(runner: Client) -> None:
     assert "not valid JSON" in runner.get(JOBS_URL).content.decode()
 
 
+@pytest.mark.parametrize(("data", "says"), [
+    ("NaN", "NaN is not standard JSON"),
+    ("Infinity", "Infinity is not standard JSON"),
+    ('{"ratio": -Infinity}', "-Infinity is not standard JSON"),
+    ("[" * 5000 + "]" * 5000, "data nests deeper than 64 levels"),
+    ('{"a": ' * 5000 + "1" + "}" * 5000, "data nests deeper than 64 levels"),
+], ids=["nan", "infinity", "nested-minus-infinity", "5000-brackets", "5000-braces"])
+def test_run_now_refuses_data_that_is_not_standard_json(runner: Client, data: str, says: str
+                                                        ) -> None:
+    """These answered HTTP 500 (or filed a request no worker could read back)."""
+    response = csrf_post(runner, RUN_URL, {"scheduler": "default", "job": "reports.daily",
+                                           "data": data})
+    assert response.status_code == 302 and response["Location"] == JOBS_URL
+    page = runner.get(JOBS_URL).content.decode()
+    (message,) = re.findall(r'<li class="error">(.*?)</li>', page, re.S)
+    assert html.unescape(message).startswith(f"Run now of reports.daily refused: {says}")
+    assert not RunRequest.objects.exists()
+
+
+def test_the_success_message_shows_the_name_as_typed(runner: Client) -> None:
+    """The admin capitalises a message's first letter: the job name must not come first."""
+    every("1h", name="shop.heartbeat")(ok)
+    with override_settings(ANARCHON=TWO_SCHEDULERS):
+        csrf_post(runner, RUN_URL, {"scheduler": "default", "job": "shop.heartbeat"})
+        page = runner.get(JOBS_URL).content.decode()
+    (message,) = re.findall(r'<li class="success">(.*?)</li>', page, re.S)
+    assert "shop.heartbeat will run on the next worker" in message
+    assert "Shop.heartbeat" not in page
+
+
 # --- run history and leases (the database backend's tables) ---------------------------
 
 
@@ -293,7 +380,8 @@ def test_history_admin_filters_searches_and_is_read_only(viewer: Client) -> None
 
 def result_row(page: str, text: str) -> str:
     """The change list's row that mentions ``text`` (the filter sidebar mentions it too)."""
-    rows = [row for row in re.findall(r"<tr[^>]*>.*?</tr>", page, re.S) if "field-" in row]
+    rows: list[str] = [row for row in re.findall(r"<tr[^>]*>.*?</tr>", page, re.S)
+                       if "field-" in row]
     (row,) = [row for row in rows if text in row]
     return row
 
@@ -327,7 +415,7 @@ def test_a_worker_runs_the_request_and_history_shows_the_manual_run(runner: Clie
     async_to_sync(run_request)(scheduler, request)
     request.refresh_from_db()
     assert request.claimed_by == "worker-7" and request.slot is not None
-    page = runner.get(f"{JOBS_URL}second/mail.digest/history/").content.decode()
+    page = runner.get(history_url(runner, "mail.digest")).content.decode()
     assert "anarchon-reason-manual" in page and "anarchon-status anarchon-success" in page
     jobs_page = runner.get(JOBS_URL).content.decode()
     assert 'id="anarchon-pending"' not in jobs_page
@@ -358,3 +446,80 @@ def test_jobs_page_reads_a_redis_scheduler_too(viewer: Client) -> None:
             assert "web-9" in title and "the report server said no" in title
     finally:
         delete_prefix(url, prefix)
+
+
+# --- how the pages read ---------------------------------------------------------------
+
+
+def test_history_list_shows_seconds_zone_and_plural_counts(viewer: Client) -> None:
+    """Rows of an every-5s job differ in their seconds; the count reads "3 run attempts"."""
+    base = datetime(2026, 12, 1, 8, 5, 0, tzinfo=UTC)
+    for seconds in (0, 5, 10):
+        at = base + timedelta(seconds=seconds)
+        RunAttempt.objects.create(
+            job="shop.heartbeat", slot=int(at.timestamp() * 1000), scheduled_at=at,
+            instance_id="web-1", attempt=1, reason="scheduled", status="success", started_at=at,
+            finished_at=at, duration_ms=12,
+        )
+    page = viewer.get("/admin/django_anarchon/runattempt/").content.decode()
+    for second in ("00", "05", "10"):
+        assert f"2026-12-01 08:05:{second} UTC" in page
+    assert "a.m." not in page
+    assert re.search(r"3\s+run attempts", page), "the count is not plural"
+    assert "run history" not in page.lower().replace("browse the full run history", "")
+    with override_settings(TIME_ZONE="Europe/Athens"):
+        athens = viewer.get("/admin/django_anarchon/runattempt/").content.decode()
+    assert "2026-12-01 10:05:05 EET" in athens
+
+
+def test_lease_times_are_rounded(viewer: Client) -> None:
+    """ "alive 20s816ms" read like a stopwatch: whole seconds from ten seconds up."""
+    now = int(time.time() * 1000)
+    Run.objects.create(job="shop.heartbeat", slot=now, attempt=1, token="t", instance_id="web-1",
+                       lease_until_ms=now + 20_816, state="running", reason="scheduled",
+                       started_at_ms=now)
+    page = viewer.get("/admin/django_anarchon/run/").content.decode()
+    row = result_row(page, "shop.heartbeat")
+    expires = re.search(r'field-expires_in">([^<]*)<', row)
+    assert expires and expires.group(1) in ("20s", "21s"), row
+
+
+def test_read_only_pages_have_no_history_button(viewer: Client) -> None:
+    """Nobody edits these rows in the admin, so there is no change history to show."""
+    failed = attempt("reports.flaky", "failed", "web-1", minutes_ago=1, error="RuntimeError: x")
+    now = int(time.time() * 1000)
+    lease = Run.objects.create(job="reports.daily", slot=now, attempt=1, token="secret-token",
+                               instance_id="web-1", lease_until_ms=now + 10_000, state="running",
+                               reason="scheduled", started_at_ms=now)
+    request = RunRequest.objects.create(scheduler="default", job="reports.daily")
+    for url in (f"/admin/django_anarchon/runattempt/{failed.pk}/change/",
+                f"/admin/django_anarchon/run/{lease.pk}/change/",
+                f"/admin/django_anarchon/runrequest/{request.pk}/change/"):
+        response = viewer.get(url)
+        assert response.status_code == 200, url
+        page = response.content.decode()
+        assert "historylink" not in page and "/history/" not in page, url
+        assert "a.m." not in page and " UTC" in page, url
+    lease_page = viewer.get(f"/admin/django_anarchon/run/{lease.pk}/change/").content.decode()
+    assert "secret-token" not in lease_page
+    assert str(lease.lease_until_ms) not in lease_page  # a time, not epoch milliseconds
+
+
+def test_a_request_says_who_claimed_it_and_how_soon(viewer: Client) -> None:
+    request = RunRequest.objects.create(scheduler="default", job="reports.daily")
+    RunRequest.objects.create(scheduler="default", job="reports.flaky")
+    RunRequest.objects.filter(pk=request.pk).update(
+        claimed_by="worker-7", claimed_at=request.requested_at + timedelta(milliseconds=800))
+    page = viewer.get("/admin/django_anarchon/runrequest/").content.decode()
+    assert "worker-7, 800ms later" in result_row(page, "reports.daily")
+    assert "waiting for a worker" in result_row(page, "reports.flaky")
+    assert re.search(r"2\s+run requests", page)
+
+
+def test_the_last_run_of_a_few_seconds_ago_says_so(viewer: Client) -> None:
+    schedulers["default"].run_now("reports.daily")
+    page = viewer.get(JOBS_URL).content.decode()
+    daily = page[page.index('data-job="reports.daily"'):]
+    daily = daily[: daily.index("</tr>")]
+    assert re.search(r">(just now|\d+ seconds? ago)</span>", daily), daily
+    assert "0\xa0minutes" not in daily and "0 minutes" not in daily
