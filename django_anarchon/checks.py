@@ -34,6 +34,7 @@ from .jobs import (
     COMMON_OPTIONS,
     DEFAULTS,
     LEASE_OPTIONS,
+    MAX_THREADS,
     Job,
     JobOptions,
     build_job,
@@ -85,8 +86,10 @@ def check_settings(config: dict[str, dict[str, Any]]) -> list[CheckMessage]:
             bad(alias, "HEARTBEAT", f"the heartbeat ({heartbeat_ms} ms) must be shorter than LEASE "
                 f"({lease_ms} ms), or every lease lapses before it is renewed")
         threads = entry["THREADS"]
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            bad(alias, "THREADS", f"expected a whole number of at least 1, got {threads!r}")
+        if (isinstance(threads, bool) or not isinstance(threads, int)
+                or not 1 <= threads <= MAX_THREADS):
+            bad(alias, "THREADS", f"expected a whole number from 1 to {MAX_THREADS:,}, "
+                f"got {threads!r}")
         instance_id = entry["INSTANCE_ID"]
         if instance_id is not None:
             try:

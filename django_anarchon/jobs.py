@@ -46,6 +46,8 @@ Handler = Callable[..., Any]
 #: in integer columns and counters; past the bound every save (or claim) would fail.
 MAX_HISTORY_SIZE = 1_000_000
 MAX_ATTEMPTS = 1_000
+#: Threads of one scheduler's pool for sync handlers: each is an OS thread.
+MAX_THREADS = 1_000
 #: The longest job name; the stores' job columns hold 255 characters.
 MAX_NAME_LENGTH = 200
 #: The longest instance id: the database backend's ``instance_id`` columns hold 255.

@@ -102,7 +102,8 @@ def test_sizes_past_their_maximum_are_refused(alias: str, option: str, maximum: 
                                             ("HEARTBEAT", 1e17), ("INSTANCE_ID", "i" * 300),
                                             ("INSTANCE_ID", "a\x00b"), ("INSTANCE_ID", "   "),
                                             ("JOB_DEFAULTS", {"max_late": 1e17}),
-                                            ("JOB_DEFAULTS", {"history_size": 10**20})])
+                                            ("JOB_DEFAULTS", {"history_size": 10**20}),
+                                            ("THREADS", 10**9)])
 def test_settings_past_the_limits_are_e001(key: str, value: object) -> None:
     saved = registry._functions, registry._classes, registry._names, registry._errors
     registry._functions, registry._classes, registry._names, registry._errors = {}, {}, {}, []
@@ -120,6 +121,12 @@ def test_settings_past_the_limits_are_e001(key: str, value: object) -> None:
 def test_the_scheduler_refuses_a_lease_past_the_limit() -> None:
     error = refused(Scheduler, MemoryBackend(), lease=1e17)
     assert (error.option, error.value) == ("lease", 1e17)
+
+
+def test_the_scheduler_refuses_threads_past_the_limit() -> None:
+    error = refused(Scheduler, MemoryBackend(), threads=10**9)
+    assert (error.option, error.value) == ("threads", 10**9)
+    assert "from 1 to 1,000" in str(error)
 
 
 # -- instance ids and names -----------------------------------------------------------

@@ -35,6 +35,7 @@ from ..exceptions import ConfigurationError, DuplicateJobError, UnknownJobError
 from ..jobs import (
     COMMON_OPTIONS,
     DEFAULTS,
+    MAX_THREADS,
     Handler,
     Job,
     JobKind,
@@ -151,8 +152,10 @@ class Scheduler:
                 "heartbeat",
                 heartbeat,
             )
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            self._config_error("expected a whole number of at least 1", "threads", threads)
+        if (isinstance(threads, bool) or not isinstance(threads, int)
+                or not 1 <= threads <= MAX_THREADS):
+            self._config_error(f"expected a whole number from 1 to {MAX_THREADS:,}", "threads",
+                               threads)
         self.threads = threads
         try:
             self.default_timezone = check_timezone(f"<scheduler {name}>", default_timezone)
