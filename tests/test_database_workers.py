@@ -1,4 +1,7 @@
-"""Real ``anarchon_worker`` processes sharing one database: exactly once, takeovers, outages.
+"""Real ``anarchon_worker`` processes sharing one database: exactly once and takeovers.
+
+Connections cut and a server restarted under workers are the fault suite's (tests/faults),
+on a private PostgreSQL cluster, so that the shared server stays up for other tests.
 
 Each test gets a database of its own (a fresh PostgreSQL database, or a SQLite file),
 migrated by a ``python -m django migrate --run-syncdb`` subprocess, and dropped at the
@@ -29,7 +32,6 @@ from tests.support import reachable, unavailable
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_CLUSTER = ("15", "main")
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -301,71 +303,3 @@ def test_sigterm_of_the_runner_hands_over_at_once(
     assert workers.procs[runner].wait(15) == 0
     ends = [r for r in db.executions() if r[1] == slot and r[2] == runner and r[4] != "start"]
     assert ends and ends[0][4] == "end stop"
-
-
-def _pg_restart() -> None:
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", *PG_CLUSTER, "restart"],
-        check=True, timeout=120, capture_output=True,
-    )
-
-
-@pytest.fixture
-def pg_server_kept_up() -> Iterator[None]:
-    """Whatever the test did to the server, it is up again when the test ends."""
-    yield
-    db = databases()["postgres"]
-    if not wait_for_up(db["HOST"], int(db["PORT"]), 20):
-        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *PG_CLUSTER, "start"],
-                       check=False, timeout=120, capture_output=True)
-        assert wait_for_up(db["HOST"], int(db["PORT"]), 60), "PostgreSQL did not come back"
-
-
-def wait_for_up(host: str, port: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if reachable(host, port):
-            return True
-        time.sleep(0.2)
-    return False
-
-
-@pytest.mark.postgres
-def test_terminated_connections_and_a_restart(
-    pg_db: Callable[..., Database], workers: Workers, pg_server_kept_up: None
-) -> None:
-    """pg_terminate_backend, then a server restart, under 3 workers: no duplicate, no loss."""
-    import psycopg
-
-    if subprocess.run(["which", "pg_ctlcluster"], capture_output=True).returncode != 0:
-        unavailable("pg_ctlcluster is not installed: cannot restart PostgreSQL")
-    db = pg_db("many")
-    for instance in ("W1", "W2", "W3"):
-        workers.start(db, instance)
-    workers.wait_started()
-    time.sleep(2)
-    admin = _pg_admin()
-    name = db.env["ANARCHON_PG_NAME"]
-    with psycopg.connect(dbname="postgres", autocommit=True, **admin) as conn:
-        terminated = conn.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s",
-            [name],
-        ).fetchone()
-    assert terminated is not None and terminated[0] >= 3
-    time.sleep(2)
-    _pg_restart()
-    back = now_ms()
-    # The workers carry on by themselves: new slots run after the restart.
-    wait_for(lambda: [r for r in db.executions() if r[1] > back + 1_000], 60,
-             "runs after the restart")
-    time.sleep(2)
-    workers.stop_all()
-    executions = Counter((job, slot) for job, slot, *_ in db.executions())
-    assert not [k for k, n in executions.items() if n > 1], "a run ran twice"
-    attempts = db.attempts()
-    assert not [k for k, n in Counter((j, s) for j, s, *_ in attempts).items() if n > 1]
-    succeeded = {(job, slot) for job, slot, _, _, _, status in attempts if status == "success"}
-    # No lost record: every handler call has its history row, and vice versa.
-    assert succeeded == set(executions), (
-        sorted(succeeded ^ set(executions))[:10], Counter(a[5] for a in attempts)
-    )
