@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import django
 import pytest
 
 from .conftest import databases
@@ -81,5 +82,8 @@ def test_plain_check_leaves_the_database_alone(env: dict[str, str]) -> None:
     """Like Django's own database checks: only for the databases a command names."""
     done = manage(env, "check")
     assert done.returncode == 0, done.stdout + done.stderr
-    if env["ANARCHON_NOMIGRATE_KIND"] == "sqlite":
+    assert "anarchon.E007" not in done.stdout + done.stderr
+    # Django 6's own model checks connect to every database (the file then exists), so
+    # that E007 did not run is what the return code and the output above show there.
+    if env["ANARCHON_NOMIGRATE_KIND"] == "sqlite" and django.VERSION < (6,):
         assert not Path(env["ANARCHON_NOMIGRATE_NAME"]).exists()  # never even opened
