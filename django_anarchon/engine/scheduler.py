@@ -605,8 +605,7 @@ class Scheduler:
                 len(started),
                 _runs(started),
             )
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=grace_ms / 1000)
+        await self._wait_tasks(grace_ms / 1000)
         left = list(self._attempts)
         if left:
             logger.warning(
@@ -627,6 +626,21 @@ class Scheduler:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _wait_tasks(self, timeout_s: float) -> None:
+        """Wait until no task is left or ``timeout_s`` has passed.
+
+        Not one ``asyncio.wait`` over a snapshot: a claim in flight when the stop began
+        spawns its run as a new task, and that run is due its grace like the others.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            pending = {task for task in self._tasks if not task.done()}
+            remaining = deadline - loop.time()
+            if not pending or remaining <= 0:
+                return
+            await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
     async def serve(self, grace: object = "30s") -> None:
         """Start, run until :meth:`stop`/:meth:`request_stop` or cancellation, then stop."""
