@@ -605,7 +605,7 @@ class Scheduler:
                 len(started),
                 _runs(started),
             )
-        await self._wait_tasks(grace_ms / 1000)
+        await self._wait_tasks(grace_ms / 1000, started)
         left = list(self._attempts)
         if left:
             logger.warning(
@@ -627,15 +627,17 @@ class Scheduler:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _wait_tasks(self, timeout_s: float) -> None:
-        """Wait until no task is left or ``timeout_s`` has passed.
+    async def _wait_tasks(self, timeout_s: float, started: list[Attempt]) -> None:
+        """Wait for the tasks going at the stop, then for runs that began during the grace.
 
-        Not one ``asyncio.wait`` over a snapshot: a claim in flight when the stop began
-        spawns its run as a new task, and that run is due its grace like the others.
+        A claim in flight when the stop began spawns its run as a new task, which one
+        ``asyncio.wait`` over the first tasks would not see; that run is due its grace too.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while True:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        while any(attempt not in started for attempt in self._attempts):
             pending = {task for task in self._tasks if not task.done()}
             remaining = deadline - loop.time()
             if not pending or remaining <= 0:
