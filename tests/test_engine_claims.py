@@ -174,6 +174,46 @@ async def test_a_claim_won_while_stopping_with_one_attempt_still_runs() -> None:
     assert record.status == "success", record
 
 
+async def test_a_stopping_instance_sends_no_new_claim() -> None:
+    """Claims held back by a full pool were sent after the stop began, won, and run.
+
+    Seen in four workers on one PostgreSQL: after SIGTERM a worker kept claiming slots
+    queued behind its busy pool, ran them past its grace, and recorded them interrupted
+    while their handlers ran to the end.
+    """
+    backend = MemoryBackend()
+    scheduler = Scheduler(backend, instance_id="A", threads=1)
+    sent_while_stopping: list[tuple[str, int]] = []
+    real_claim = backend.runs.claim
+
+    async def claim(c: RunClaim) -> ClaimOutcome:
+        if scheduler.stopping:
+            sent_while_stopping.append((c.job, c.slot))
+        return await real_claim(c)
+
+    backend.runs.claim = claim  # type: ignore[method-assign]
+    release = threading.Event()
+    calls = Calls()
+
+    def long_run(ctx: JobContext) -> None:
+        calls.add(job="long")
+        release.wait(10)
+
+    scheduler.at("long", iso_in(100), long_run)
+    for i in range(3):  # due every 50 ms, each waiting in back-pressure behind "long"
+        scheduler.every(f"quick-{i}", "50ms", lambda ctx: calls.add(job=ctx.name), overlap="allow")
+    await scheduler.start()
+    try:
+        await wait_for(lambda: calls.where(job="long"), 5, "the long run")
+        await asyncio.sleep(0.3)  # claims keep queueing behind the busy pool
+    finally:
+        stopping = asyncio.create_task(scheduler.stop(grace="1s"))
+        await asyncio.sleep(0.3)  # the back-pressure waits (100 ms) have all ended
+        release.set()
+        await asyncio.wait_for(stopping, 10)
+    assert sent_while_stopping == []
+
+
 class _DownAtStart(MemoryBackend):
     """A store that refuses connections the first ``failures`` times it is asked."""
 

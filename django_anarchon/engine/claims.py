@@ -202,6 +202,8 @@ class ClaimFlows:
     async def _claim_batch(self, batch: list[tuple[Job, int]]) -> None:
         """Claim several due slots in one round trip (``claim_many``), then follow each."""
         host = self.host
+        if host.stopping:
+            return
         runs = host.backend.runs
         live = batch
         if runs is None:
@@ -310,6 +312,8 @@ class ClaimFlows:
         )
         if won is None:
             units = await self._admit(job)
+            if host.stopping:
+                return  # held back until the stop began: not claimed
             try:
                 with self.capacity.holding(units):
                     won = await retry_store_call(
@@ -359,6 +363,8 @@ class ClaimFlows:
             f"slot {iso(claim.slot)}"
         )
         units = await self._admit(job)
+        if host.stopping:
+            return None  # held back until the stop began: a stopping instance claims nothing
         try:
             with self.capacity.holding(units):
                 outcome = await retry_store_call(
