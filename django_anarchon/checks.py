@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import sys
 import threading
 import time
@@ -105,7 +106,41 @@ def check_settings(config: dict[str, dict[str, Any]]) -> list[CheckMessage]:
         if not isinstance(entry["JOB_DEFAULTS"], dict):
             bad(alias, "JOB_DEFAULTS",
                 f"expected a dict of job options, got {entry['JOB_DEFAULTS']!r}")
+        try:
+            conf.spool_directory(entry["SPOOL"])
+        except ConfigurationError as exc:
+            bad(alias, "SPOOL", f"{exc.reason}, got {entry['SPOOL']!r}")
     return errors
+
+
+def check_spool(alias: str, entry: dict[str, Any], backend: Any) -> list[CheckMessage]:
+    """anarchon.W003: a spool directory this process could not create or write.
+
+    Creates nothing: the directory, or its nearest existing parent, must be writable. A
+    store that does not outlive the process (memory) has no spool.
+    """
+    try:
+        directory = conf.spool_directory(entry["SPOOL"])
+    except ConfigurationError:
+        return []  # E001 already
+    if directory is None or backend is None or not getattr(backend, "durable", True):
+        return []
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return []
+    problem = "is not a directory" if existing.exists() and not existing.is_dir() else (
+        "is not writable by this user")
+    where = "it" if existing == directory else f"its parent {existing}"
+    return [Warning(
+        f"scheduler {alias!r}: the spool directory {directory} cannot be written ({where} "
+        f"{problem}): records the store cannot take when it is down are lost",
+        hint="Set ANARCHON[...]['SPOOL'] (or anarchon_worker --spool) to a writable directory, "
+             "on a volume that outlives the container, or to False for no spool; see "
+             "docs/deployment.md.",
+        obj=alias, id="anarchon.W003",
+    )]
 
 
 def load_backend(alias: str, entry: dict[str, Any]) -> tuple[Any, list[CheckMessage]]:
@@ -453,6 +488,7 @@ def run_all(now_ms: int | None = None) -> list[CheckMessage]:
         backend, found = load_backend(alias, entry)
         found.extend(check_jobs(alias, entry, backend, now_ms))
         found.extend(check_sqlite(alias, entry, backend))
+        found.extend(check_spool(alias, entry, backend))
         if not any(m.is_serious() for m in [*messages, *found]):
             found.extend(check_build(alias))
         messages.extend(found)

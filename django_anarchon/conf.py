@@ -7,6 +7,9 @@ Read on first use and cached; the cache is dropped on ``setting_changed`` so tha
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -27,7 +30,32 @@ SCHEDULER_DEFAULTS: dict[str, Any] = {
     "THREADS": 10,
     "DATA": None,
     "AUTOSTART": False,
+    "SPOOL": None,  # the default spool directory; False: no spool
 }
+
+
+def default_spool_directory() -> Path:
+    """Where records the store could not take wait, unless ``SPOOL`` says otherwise.
+
+    Private to the user (``0700``, per uid), so that two users of one machine never share
+    it. Containers should mount a volume here or set ``SPOOL`` to one (docs/deployment.md).
+    """
+    uid = getattr(os, "getuid", lambda: "user")()
+    return Path(tempfile.gettempdir()) / f"django-anarchon-{uid}" / "spool"
+
+
+def spool_directory(value: Any, option: str = "SPOOL") -> Path | None:
+    """``SPOOL`` as a directory, or ``None`` for no spool (``False``)."""
+    if value is False:
+        return None
+    if value is None:
+        return default_spool_directory()
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ConfigurationError(
+            "expected a directory (a path), None for the default one, or False for no spool",
+            option=option, value=value,
+        )
+    return Path(value)
 
 
 @functools.cache

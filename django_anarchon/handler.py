@@ -123,6 +123,7 @@ def build_scheduler(alias: str = conf.DEFAULT_ALIAS, **overrides: Any) -> Schedu
         data=entry["DATA"],
         threads=entry["THREADS"],
         default_timezone=getattr(settings, "TIME_ZONE", None) or "UTC",
+        spool=conf.spool_directory(entry["SPOOL"], option=f"ANARCHON[{alias!r}]['SPOOL']"),
     )
     registry.install(scheduler, alias)
     return scheduler

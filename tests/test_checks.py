@@ -81,6 +81,9 @@ def test_e001_unknown_key_names_the_key() -> None:
         ({"AUTOSTART": "yes"}, "AUTOSTART"),
         ({"OPTIONS": ["x"]}, "OPTIONS"),
         ({"JOB_DEFAULTS": "fast"}, "JOB_DEFAULTS"),
+        ({"SPOOL": 5}, "SPOOL"),
+        ({"SPOOL": ""}, "SPOOL"),
+        ({"SPOOL": True}, "SPOOL"),
     ],
 )
 def test_e001_bad_scheduler_values(extra: dict[str, Any], key: str) -> None:
@@ -176,6 +179,30 @@ def test_w002_one_off_in_the_past_warns_and_never_errors() -> None:
     assert ids(messages) == ["anarchon.W002"]
     assert messages[0].obj == "checks.gone"
     assert messages[0].is_serious() is False
+
+
+REDIS = {"BACKEND": "django_anarchon.backends.redis.RedisBackend",
+         "OPTIONS": {"url": "redis://127.0.0.1:6379/0"}}
+
+
+def test_w003_a_spool_directory_that_cannot_be_written(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    for spool in (tmp_path / "a-file", tmp_path / "a-file" / "spool"):
+        with override_settings(ANARCHON={"default": {**REDIS, "SPOOL": str(spool)}}):
+            (message,) = run_all()
+        assert message.id == "anarchon.W003", message
+        assert str(spool) in message.msg and "lost" in message.msg
+        assert not message.is_serious()
+
+
+def test_w003_silent_for_a_writable_or_absent_spool(tmp_path: Path) -> None:
+    for spool in (str(tmp_path / "not" / "yet"), tmp_path, False, None):
+        with override_settings(ANARCHON={"default": {**REDIS, "SPOOL": spool}}):
+            assert run_all() == [], spool
+    assert not (tmp_path / "not").exists()  # the check creates nothing
+    (tmp_path / "a-file").write_text("")
+    with override_settings(ANARCHON=memory(SPOOL=str(tmp_path / "a-file"))):
+        assert run_all() == []  # the memory store has no spool
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")

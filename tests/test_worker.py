@@ -39,6 +39,7 @@ def test_banner_run_lines_and_graceful_stop(group: WorkerGroup, tmp_path: Path) 
     wait_for(lambda: "run ended: job=tick" in group.output("W1"), 10, "a run-ended log line")
     out = group.output("W1")
     assert "scheduler 'default', backend memory" in out and "instance W1" in out
+    assert "  spool off" in out  # the memory store keeps nothing for a later process
     assert "tick" in out and "every 300ms" in out and "next run" in out
     assert "run started: job=tick" in out
     assert "instance=W1 attempt=1 status=success" in out
@@ -115,6 +116,12 @@ def test_a_bad_instance_id_is_refused(instance_id: str, message: str) -> None:
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert message in result.stderr
     assert "Press Ctrl+C" not in result.stdout
+
+
+def test_an_empty_spool_directory_is_refused() -> None:
+    result = worker("--spool", "")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "CommandError: --spool: expected a directory", result.stderr
 
 
 def test_a_scheduler_without_jobs_is_warned_about(tmp_path: Path) -> None:

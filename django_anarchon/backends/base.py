@@ -143,6 +143,22 @@ class StoredResult:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StoredResult:
+        """The inverse of :meth:`to_dict` (stores and the spool keep results as JSON)."""
+        return cls(
+            slot=int(data["slot"]),
+            by=str(data["by"]),
+            attempt=int(data["attempt"]),
+            status=data["status"],
+            started_at=int(data["started_at"]),
+            finished_at=int(data["finished_at"]),
+            duration_ms=int(data["duration_ms"]),
+            error=data.get("error") or None,
+            manual=bool(data.get("manual", False)),
+            reason=data.get("reason", "scheduled"),
+        )
+
 
 @dataclass(frozen=True)
 class ClaimRecord:
@@ -302,6 +318,8 @@ class BaseBackend(abc.ABC):
     dedupe_window_ms: float = math.inf
     #: The lease store, on backends that have leases.
     runs: RunStore | None = None
+    #: Whether the store outlives this process (so a spool of its records can be replayed).
+    durable: ClassVar[bool] = True
 
     async def init(self) -> None:  # noqa: B027  (optional hook: nothing to do by default)
         """Connect and check the server. Called by ``start()`` and before reads; idempotent."""

@@ -306,6 +306,8 @@ class MemoryBackend(BaseBackend):
     tests pass their own to move time without sleeping.
     """
 
+    durable = False  # nothing outlives the process: nothing to spool for a later one
+
     name = "memory"
     #: Claims are never forgotten, so an instance may be as late as it likes.
     dedupe_window_ms: float = math.inf

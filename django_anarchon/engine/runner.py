@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from concurrent.futures import Future as ThreadFuture
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..backends.base import (
     Backend,
@@ -54,6 +54,7 @@ from ..exceptions import JobTimeoutError
 from ..jobs import Job
 from ..logtime import iso
 from ..retry import retry_store_call
+from ..spool import SpoolEntry
 from .calls import (
     _CANCELLED,
     _NOT_STARTED,
@@ -76,6 +77,9 @@ from .context import JobContext
 from .events import Event, EventName
 from .signal import AbortSignal
 from .timer import now_ms
+
+if TYPE_CHECKING:
+    from .owed import OwedRecords
 
 __all__ = ["UNSET", "Attempt", "Runner", "RunnerHost"]
 
@@ -103,6 +107,7 @@ class RunnerHost(Protocol):
     lease_ms: int
     heartbeat_ms: int
     data: Any
+    owed: OwedRecords
 
     def executor(self) -> Executor: ...
 
@@ -235,9 +240,14 @@ class Runner:
                 logger.exception("%s failed", self._what(attempt, "the run"))
                 status, error = "failed", error_text(exc)
             finished_at = now_ms()
+            owed = self.host.owed
+            entry = self._entry(attempt, status, finished_at, error,
+                                finish=heartbeat is not None and not attempt.lost)
+            owed.owe(attempt, entry)
+            finish_owed = False
             if heartbeat is not None and not attempt.lost:
                 # Heartbeats go on until finish()/release() has answered.
-                await self._settle(attempt, status)
+                finish_owed = not await self._settle(attempt, status)
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
@@ -246,18 +256,30 @@ class Runner:
             error = f"{error}\n\n{note}" if error else note
             status = "interrupted"
         record = self.record(attempt, status, finished_at, error)
-        await self._save(attempt, record)
+        if not finish_owed and not owed.settled(attempt):
+            if attempt.lost:  # the history record says so now: lost, interrupted
+                entry = self._entry(attempt, status, finished_at, error, finish=False)
+                owed.owe(attempt, entry)
+            else:
+                owed.paid(attempt, finish=True)
+        if not owed.settled(attempt):  # else a stop's bound spooled it all meanwhile
+            if await self._save(attempt, entry.result, record) and not finish_owed:
+                owed.paid(attempt)
+            else:
+                owed.give_up(attempt)
         event: EventName = {"success": "success", "failed": "failure"}.get(status, "interrupted")  # type: ignore[assignment]
         await self._emit(event, attempt, record, error=error, reason=attempt.signal.reason)
         if attempt.lost:
             await self._emit("lost", attempt, record, error=error, reason="takeover")
         return record
 
-    async def _settle(self, attempt: Attempt, status: FinalStatus) -> None:
+    async def _settle(self, attempt: Attempt, status: FinalStatus) -> bool:
         """End the lease: release it after a stop (a backup takes over at once), else finish.
 
         With no attempt left nobody could take a released run over, so it is finished
-        ``interrupted`` instead of waiting for the store's sweep.
+        ``interrupted`` instead of waiting for the store's sweep. ``False`` if a finish
+        never reached the store (it is owed, and spooled). A release that did not is not
+        owed: the lease lapses by itself.
         """
         attempt._ending = True
         if (
@@ -266,10 +288,37 @@ class Runner:
             and attempt.attempt < attempt.job.options.max_attempts
         ):
             await self._release(attempt)
-            return
+            return True
         finished = await self._finish(attempt, status)
         if finished is False:
             attempt.lost = True
+        return finished is not None
+
+    def _entry(
+        self, attempt: Attempt, status: FinalStatus, finished_at: int, error: str | None,
+        *, finish: bool,
+    ) -> SpoolEntry:
+        """What ``attempt`` owes the store: its history record, and the finish of its lease."""
+        options = attempt.job.options
+        return SpoolEntry(
+            job=attempt.job.name,
+            result=StoredResult(
+                slot=attempt.slot,
+                by=self.host.instance_id,
+                attempt=attempt.attempt,
+                status=status,
+                started_at=attempt.started_at,
+                finished_at=max(finished_at, attempt.started_at),
+                duration_ms=max(finished_at - attempt.started_at, 0),
+                error=error,
+                manual=attempt.manual,
+                reason=attempt.reason,
+            ),
+            history_size=options.history_size,
+            history_ttl_ms=options.history_ttl_ms,
+            token=attempt.token if finish else None,
+            finish=status if finish else None,
+        )
 
     # -- the handler ------------------------------------------------------------------
 
@@ -528,6 +577,7 @@ class Runner:
                 self._what(attempt, "finish"),
                 lambda: self._locked(attempt, finish),
                 deadline_ms=now_ms() + RECORD_RETRY_MS,
+                give_up=self.host.owed.past_cut,
             )
         except Exception as exc:
             await self._emit("error", attempt, error=error_text(exc), reason="finish")
@@ -548,24 +598,13 @@ class Runner:
                 self._what(attempt, "release"),
                 lambda: self._locked(attempt, release),
                 deadline_ms=now_ms() + RELEASE_RETRY_MS,
+                give_up=self.host.owed.past_cut,
             )
         except Exception as exc:
             await self._emit("error", attempt, error=error_text(exc), reason="release")
 
-    async def _save(self, attempt: Attempt, record: RunRecord) -> None:
-        assert record.finished_at is not None and record.duration_ms is not None
-        result = StoredResult(
-            slot=attempt.slot,
-            by=self.host.instance_id,
-            attempt=attempt.attempt,
-            status=record.status,  # type: ignore[arg-type]
-            started_at=attempt.started_at,
-            finished_at=attempt.started_at + record.duration_ms,
-            duration_ms=record.duration_ms,
-            error=record.error,
-            manual=attempt.manual,
-            reason=attempt.reason,
-        )
+    async def _save(self, attempt: Attempt, result: StoredResult, record: RunRecord) -> bool:
+        """Write the history record; ``False`` if the store did not take it in time."""
         options = attempt.job.options
         backend = self.host.backend
         try:
@@ -575,6 +614,9 @@ class Runner:
                     attempt.job.name, result, options.history_size, options.history_ttl_ms
                 ),
                 deadline_ms=now_ms() + RECORD_RETRY_MS,
+                give_up=self.host.owed.past_cut,
             )
         except Exception as exc:
             await self._emit("error", attempt, record, error=error_text(exc), reason="save_result")
+            return False
+        return True

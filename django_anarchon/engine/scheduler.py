@@ -51,6 +51,7 @@ from ..retry import retry_store_call
 from .calls import error_text
 from .claims import ClaimFlows, new_token
 from .events import Callback, Event, EventName, EventRegistry
+from .owed import STOP_BOUND_MS, STOP_NOW_BOUND_MS, OwedRecords
 from .pool import DaemonThreadPool
 from .runner import UNSET, Attempt, Runner
 from .timer import Timer, now_ms
@@ -64,6 +65,8 @@ H = TypeVar("H", bound=Callable[..., Any])
 
 #: Longest pause between two tries of a store that does not answer at start.
 START_RETRY_MAX_S = 5.0
+#: After a stop's bound, how long the tasks still going get to end once cancelled.
+CANCEL_BOUND_S = 1.0
 
 
 class JobSpecLike(Protocol):
@@ -130,6 +133,7 @@ class Scheduler:
         data: Any = None,
         threads: int = 10,
         default_timezone: str = "UTC",
+        spool: str | os.PathLike[str] | None = None,
     ) -> None:
         self.name = name
         self.backend = backend
@@ -177,6 +181,10 @@ class Scheduler:
         self._attempts: set[Attempt] = set()
         self._initialized = False
         self._claims = ClaimFlows(self)
+        #: Records owed to the store, and the spool they go to when it cannot take them.
+        self.owed = OwedRecords(self, spool)
+        #: Set by stop_now(): the grace's wait ends at once.
+        self._hurry = asyncio.Event()
 
     # -- configuration helpers ------------------------------------------------------
 
@@ -503,14 +511,17 @@ class Scheduler:
         self._loop = asyncio.get_running_loop()
         self._stopping = False
         self._stop_event = asyncio.Event()
+        self._hurry.clear()
         self._stopped = None
         if not await self._connect():
             logger.info("scheduler %s: stop requested before the store answered", self.name)
             self._loop = None
             return
         self._claims.reset()
+        self.owed.open()
         self._timer = Timer(self._fire, label=f"scheduler {self.name}")
         self._running = True
+        self.spawn(self.owed.replay(), "spool replay")
         now = now_ms()
         for state in list(self._jobs.values()):
             self._arm(state, now, initial=True)
@@ -566,7 +577,11 @@ class Scheduler:
             )
 
     async def stop(self, grace: object = "30s") -> None:
-        """Stop claiming; give running handlers ``grace`` to end, then hand their runs over."""
+        """Stop claiming; give running handlers ``grace`` to end, then hand their runs over.
+
+        Ends within ``grace`` plus ``STOP_BOUND_MS`` (plus ``CANCEL_BOUND_S``), whatever
+        the store and the handlers do: records the store has not taken by then are spooled.
+        """
         grace_ms = self._duration(grace, "grace")
         if not self._running:
             if self._stop_event is not None:
@@ -615,14 +630,26 @@ class Scheduler:
                 len(left),
                 _runs(left),
             )
+        # From now on the records of these attempts (and of those that ended in the
+        # grace and are still writing) get STOP_BOUND_MS; what the store has not taken
+        # by then goes to the spool, and the tasks still writing it are cancelled.
+        self._cut_records(STOP_BOUND_MS)
         for attempt in left:
             attempt.interrupt("stop")
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=10)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1)
+        loop = asyncio.get_running_loop()
+        while (pending := self._pending()) and (left_s := self._cut_at() - loop.time()) > 0:
+            # In slices: a stop_now() meanwhile brings the cut closer.
+            await asyncio.wait(pending, timeout=min(left_s, 0.1))
+        spooled = self.owed.spool_all()
+        if spooled:
+            logger.warning(
+                "scheduler %s: the store did not take the records of %s attempt(s) within %s "
+                "of the grace: spooled", self.name, spooled, format_duration(STOP_BOUND_MS),
+            )
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=CANCEL_BOUND_S)
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
@@ -633,16 +660,45 @@ class Scheduler:
         A claim in flight when the stop began spawns its run as a new task, which one
         ``asyncio.wait`` over the first tasks would not see; that run is due its grace too.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        first = self._pending()
+        while (first := {t for t in first if not t.done()}) and await self._wait_some(
+            first, deadline
+        ):
+            pass
         while any(attempt not in started for attempt in self._attempts):
-            pending = {task for task in self._tasks if not task.done()}
-            remaining = deadline - loop.time()
-            if not pending or remaining <= 0:
+            pending = self._pending()
+            if not pending or not await self._wait_some(pending, deadline):
                 return
-            await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+
+    def _pending(self) -> set[asyncio.Task[Any]]:
+        return {task for task in self._tasks if not task.done()}
+
+    async def _wait_some(self, tasks: set[asyncio.Task[Any]], deadline: float) -> bool:
+        """Wait until one of ``tasks`` ends; ``False`` once ``deadline`` (loop time) or a
+        :meth:`stop_now` has come."""
+        loop = asyncio.get_running_loop()
+        remaining = deadline - loop.time()
+        if remaining <= 0 or self._hurry.is_set():
+            return False
+        hurry = loop.create_task(self._hurry.wait())
+        try:
+            await asyncio.wait({*tasks, hurry}, timeout=remaining,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurry.cancel()
+        return not self._hurry.is_set()
+
+    def _cut_records(self, bound_ms: int) -> None:
+        """Records still owed get ``bound_ms`` more (or less, if already cut sooner)."""
+        cut = now_ms() + bound_ms
+        owed = self.owed
+        owed.cut_at_ms = cut if owed.cut_at_ms is None else min(owed.cut_at_ms, cut)
+
+    def _cut_at(self) -> float:
+        """The records' cut as loop time."""
+        assert self.owed.cut_at_ms is not None
+        return asyncio.get_running_loop().time() + (self.owed.cut_at_ms - now_ms()) / 1000
 
     async def serve(self, grace: object = "30s") -> None:
         """Start, run until :meth:`stop`/:meth:`request_stop` or cancellation, then stop."""
@@ -657,7 +713,8 @@ class Scheduler:
         """End every running handler's wait at once (a second SIGTERM); safe from any thread.
 
         Stops claiming and records each running attempt ``interrupted`` with its lease
-        released, without waiting for a grace; a ``stop()`` in progress then ends promptly.
+        released, without waiting for a grace; a ``stop()`` in progress then ends promptly:
+        records the store has not taken within ``STOP_NOW_BOUND_MS`` are spooled.
         """
         loop = self._loop
         if loop is None or not self._running:
@@ -674,6 +731,8 @@ class Scheduler:
             self._stop_event.set()
         for attempt in list(self._attempts):
             attempt.interrupt("stop")
+        self._cut_records(STOP_NOW_BOUND_MS)
+        self._hurry.set()
 
     def request_stop(self) -> None:
         """Make :meth:`serve` return (it then stops with its grace); safe from any thread."""

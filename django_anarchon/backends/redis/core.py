@@ -493,7 +493,7 @@ class RedisProtocolBackend(BaseBackend):
         hc, hr, hs, _, _ = self.history_keys(job)
         raw_claims, raw_results = await self.eval(scripts.HISTORY, [hc, hr, hs], [limit])
         claims = [_claim_record(json.loads(_text(c))) for c in raw_claims if c]
-        results = [_stored_result(json.loads(_text(r))) for r in raw_results if r]
+        results = [StoredResult.from_dict(json.loads(_text(r))) for r in raw_results if r]
         return build_history(job, claims, results, limit)
 
     # -- descriptions -------------------------------------------------------------------
@@ -536,21 +536,6 @@ def _claim_record(data: dict[str, Any]) -> ClaimRecord:
         at=int(data["at"]),
         manual=bool(data.get("manual", False)),
         attempt=int(data.get("attempt", 1)),
-        reason=data.get("reason", "scheduled"),
-    )
-
-
-def _stored_result(data: dict[str, Any]) -> StoredResult:
-    return StoredResult(
-        slot=int(data["slot"]),
-        by=str(data["by"]),
-        attempt=int(data["attempt"]),
-        status=data["status"],
-        started_at=int(data["started_at"]),
-        finished_at=int(data["finished_at"]),
-        duration_ms=int(data["duration_ms"]),
-        error=data.get("error") or None,
-        manual=bool(data.get("manual", False)),
         reason=data.get("reason", "scheduled"),
     )
 

@@ -56,6 +56,11 @@ class Command(BaseCommand):
             help="How long running jobs may take to finish after SIGINT/SIGTERM (default 30s).",
         )
         parser.add_argument(
+            "--spool", metavar="DIR",
+            help="Keep records the store cannot take in DIR until a worker replays them "
+                 "(default: SPOOL in settings, else a directory under the system's temp dir).",
+        )
+        parser.add_argument(
             "--health-file", metavar="PATH",
             help="Touch PATH every few seconds while the worker is healthy (a liveness probe).",
         )
@@ -90,6 +95,10 @@ class Command(BaseCommand):
                 )
             except AnarchonError as exc:
                 raise CommandError(str(exc)) from exc
+        if options["spool"] is not None:
+            if not options["spool"]:
+                raise CommandError("--spool: expected a directory")
+            overrides["spool"] = options["spool"]
         health = None if options["health_file"] is None else _probe_path(options["health_file"])
         try:
             schedulers = [build_scheduler(alias, **overrides) for alias in aliases]
@@ -228,7 +237,11 @@ class Worker:
                     logger.error("error while stopping: %s", task.exception())
             for scheduler in self.schedulers:  # built here, so their backends are ours to close
                 try:
-                    await scheduler.backend.close()
+                    async with asyncio.timeout(EXIT_WAIT_S):  # a store that is down
+                        await scheduler.backend.close()
+                except TimeoutError:
+                    logger.warning("closing the %s backend took longer than %ss: left open",
+                                   scheduler.name, EXIT_WAIT_S)
                 except Exception:
                     logger.exception("error while closing the %s backend", scheduler.name)
         finally:
@@ -255,6 +268,8 @@ class Worker:
                 f"anarchon worker: scheduler {scheduler.name!r}, "
                 f"backend {describe_backend(scheduler.backend)}, instance {scheduler.instance_id}"
             )
+            spool = scheduler.owed.spool
+            self.write(f"  spool {spool.directory if spool is not None else 'off'}")
             for info in scheduler.jobs():
                 next_run = info.next_run_at.isoformat() if info.next_run_at else "never"
                 self.write(f"  {info.name:<40} {info.schedule:<40} next run {next_run}")
