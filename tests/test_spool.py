@@ -31,6 +31,10 @@ from .test_engine_support import Calls, wait_for, wait_for_sync
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def files(directory: Path, pattern: str) -> list[Path]:
+    return list(directory.glob(pattern))
+
+
 def entry(slot: int = 1_000, job: str = "work", **result: Any) -> SpoolEntry:
     fields: dict[str, Any] = dict(slot=slot, by="A", attempt=1, status="success",
                                   started_at=slot + 5, finished_at=slot + 25, duration_ms=20)
@@ -219,7 +223,7 @@ async def test_a_spooled_finish_of_a_run_taken_over_meanwhile_is_refused_and_kep
         store.down = True
         release.set()
         await a.stop(grace="1s")
-        assert len(list(tmp_path.glob("*.jsonl"))) == 1
+        assert len(files(tmp_path, "*.jsonl")) == 1
         store.down = False
         await wait_for(lambda: backup_calls.where(slot=slot, attempt=2), 10, "the takeover")
     finally:
