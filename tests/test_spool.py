@@ -15,7 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,36 +113,73 @@ def test_a_spool_is_replayed_only_into_its_own_scheduler_and_store(tmp_path: Pat
 # -- the engine ------------------------------------------------------------------------------
 
 
-class DownStore(MemoryBackend):
-    """The real memory store behind a transport that refuses every call while ``down``.
+#: The store calls a transport that is down refuses (reads of history stay the test's).
+_CALLS = ("claim", "claim_many", "record_claim", "save_result")
+_RUN_CALLS = ("claim", "claim_many", "heartbeat", "finish", "release", "active")
 
-    Durable: the tests keep one object across the schedulers that stop and start on it.
-    """
 
-    durable = True
+class _Guarded:
+    """``target``'s methods named in ``calls`` fail while ``outage.down``; the rest pass."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.down = False
-        runs = self.runs
-        for name in ("claim", "claim_many", "heartbeat", "finish", "release", "active"):
-            setattr(runs, name, self._guarded(getattr(runs, name)))
+    def __init__(self, outage: Outage, target: Any, calls: tuple[str, ...]) -> None:
+        self._outage, self._target, self._calls = outage, target, calls
 
-    def _guarded(self, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def guarded(*args: Any) -> Any:
-            if self.down:
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if name not in self._calls or not callable(value):
+            return value
+
+        async def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self._outage.down:
                 raise ConnectionError("connection refused (the store is down)")
-            return await call(*args)
+            return await value(*args, **kwargs)
 
         return guarded
 
-    async def save_result(self, *args: Any) -> None:
-        if self.down:
-            raise ConnectionError("connection refused (the store is down)")
-        await super().save_result(*args)
 
-    def describe(self) -> str:
-        return "memory (down-able)"
+class Outage(_Guarded):
+    """A real store behind a transport that refuses every call while ``down``."""
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__(self, backend, _CALLS)
+        self.down = False
+        self.backend = backend
+        self.runs = None if backend.runs is None else _Guarded(self, backend.runs, _RUN_CALLS)
+
+
+class DurableMemory(MemoryBackend):
+    """The memory store, durable for these tests: one object outlives their "restarts"."""
+
+    durable = True
+
+
+@pytest.fixture(params=["memory", "redis", "postgres"])
+def real_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The store under the transport: built here, outside the event loop (Django's setup)."""
+    if request.param == "memory":
+        yield DurableMemory()
+    elif request.param == "redis":
+        from django_anarchon.backends.redis import RedisBackend
+
+        from .redis_support import delete_prefix, redis_url
+
+        url, prefix = redis_url(), f"spool-{uuid.uuid4().hex[:8]}"
+        try:
+            yield RedisBackend(url=url, strategy="lease", key_prefix=prefix)
+        finally:
+            delete_prefix(url, prefix)
+    else:
+        from django_anarchon.backends.database import DatabaseBackend
+
+        alias = request.getfixturevalue("postgres_database")
+        request.getfixturevalue("database_access")
+        yield DatabaseBackend(using=alias)
+
+
+@pytest.fixture
+async def store(real_store: Any) -> AsyncIterator[Outage]:
+    yield Outage(real_store)
+    await real_store.close()
 
 
 @pytest.fixture
@@ -153,7 +191,7 @@ def short_bound(monkeypatch: pytest.MonkeyPatch) -> int:
     return 1_000
 
 
-def _worker(store: DownStore, instance: str, spool: Path | None, calls: Calls,
+def _worker(store: Outage, instance: str, spool: Path | None, calls: Calls,
             release: threading.Event, **options: Any) -> Scheduler:
     scheduler = Scheduler(store, instance_id=instance, spool=spool, lease="2s")
 
@@ -166,10 +204,10 @@ def _worker(store: DownStore, instance: str, spool: Path | None, calls: Calls,
 
 
 async def test_a_stop_with_the_store_down_ends_within_the_bound_and_a_start_replays(
-    tmp_path: Path, short_bound: int
+    store: Outage, tmp_path: Path, short_bound: int
 ) -> None:
     """Issue 15: the stop waited 10 s more for the records, then cancelled them: lost."""
-    store, calls, release = DownStore(), Calls(), threading.Event()
+    calls, release = Calls(), threading.Event()
     a = _worker(store, "A", tmp_path, calls, release)
     await a.start()
     await wait_for(lambda: len(calls) >= 1, 5, "a run")
@@ -205,9 +243,9 @@ async def test_a_stop_with_the_store_down_ends_within_the_bound_and_a_start_repl
 
 
 async def test_a_spooled_finish_of_a_run_taken_over_meanwhile_is_refused_and_kept(
-    tmp_path: Path, short_bound: int, caplog: pytest.LogCaptureFixture
+    store: Outage, tmp_path: Path, short_bound: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store, calls, release = DownStore(), Calls(), threading.Event()
+    calls, release = Calls(), threading.Event()
     a = _worker(store, "A", tmp_path, calls, release, max_attempts=2)
     await a.start()
     await wait_for(lambda: len(calls) >= 1, 5, "a run")
@@ -249,12 +287,13 @@ async def test_a_spooled_finish_of_a_run_taken_over_meanwhile_is_refused_and_kep
 async def test_a_write_that_gives_up_while_running_is_spooled_and_replayed_by_the_same_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = Outage(DurableMemory())
     import django_anarchon.engine.owed as owed_module
     import django_anarchon.engine.runner as runner_module
 
     monkeypatch.setattr(runner_module, "RECORD_RETRY_MS", 300)
     monkeypatch.setattr(owed_module, "REPLAY_AGAIN_AFTER_S", 0.5)
-    store, calls, release = DownStore(), Calls(), threading.Event()
+    calls, release = Calls(), threading.Event()
     a = _worker(store, "A", tmp_path, calls, release)
     await a.start()
     try:
@@ -279,7 +318,8 @@ async def test_a_write_that_gives_up_while_running_is_spooled_and_replayed_by_th
 
 async def test_a_second_signal_cuts_the_records_short(tmp_path: Path) -> None:
     """stop_now() while the store is down: the stop ends in about a second, records spooled."""
-    store, calls, release = DownStore(), Calls(), threading.Event()
+    store = Outage(DurableMemory())
+    calls, release = Calls(), threading.Event()
     a = _worker(store, "A", tmp_path, calls, release)
     await a.start()
     await wait_for(lambda: len(calls) >= 1, 5, "a run")
