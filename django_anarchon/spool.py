@@ -35,6 +35,7 @@ from typing import IO, Any
 from urllib.parse import quote
 
 from .backends.base import FinalStatus, StoredResult
+from .logtime import iso
 
 __all__ = ["SPOOL_FORMAT", "Spool", "SpoolEntry", "SpoolError", "store_fingerprint"]
 
@@ -92,7 +93,7 @@ class SpoolEntry:
 
     def describe(self) -> str:
         r = self.result
-        return f"job {self.job} slot {r.slot} attempt {r.attempt} status {r.status}"
+        return f"job {self.job} slot {iso(r.slot)} attempt {r.attempt} status {r.status}"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import pytest
 from django_anarchon.backends.base import StoredResult
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.engine import JobContext, Scheduler
+from django_anarchon.logtime import iso
 from django_anarchon.spool import Spool, SpoolEntry
 
 from .test_engine_support import Calls, wait_for, wait_for_sync
@@ -278,7 +279,7 @@ async def test_a_spooled_finish_of_a_run_taken_over_meanwhile_is_refused_and_kep
     (kept,) = b.owed.spool.kept()
     assert (kept.result.slot, kept.result.attempt) == (slot, 1)
     assert kept.why is not None and "taken over" in kept.why
-    assert any("refused" in r.getMessage() and str(slot) in r.getMessage()
+    assert any("refused" in r.getMessage() and str(iso(slot)) in r.getMessage()
                for r in caplog.records)
     history = {(r.attempt, r.status) for r in await store.history("work", 50) if r.slot == slot}
     assert (1, "success") not in history  # the refused record was not written

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django_anarchon.engine.owed import STOP_BOUND_MS
+
 KINDS = ("duplicate", "attempt", "missed", "early", "takeover", "idle", "stop", "crash")
 
 
@@ -124,7 +126,9 @@ class Rules:
     lease_ms: int = 3000
     heartbeat_ms: int = 1000
     grace_ms: int = 3000
-    stop_bound_ms: int = 5000  # SIGTERM to exit: grace + this
+    #: SIGTERM to exit: grace + this, as documented (docs/commands.md): the records' bound
+    #: after the grace, 1 s for cancelled tasks, 2 s to close the store, 2 s for the loop.
+    stop_bound_ms: int = STOP_BOUND_MS + 5000
     claim_bound_ms: int = 1000  # a worker's claim to its handler's start, at most
     early_tolerance_ms: int = 10
     slack_ms: int = 50  # how far two processes' observations of one instant may differ

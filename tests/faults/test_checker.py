@@ -169,7 +169,7 @@ def test_a_worker_behind_the_store_clock_is_not_idle_for_always_coming_late() ->
 
 
 @pytest.mark.parametrize(("change", "kind"), [
-    (lambda e: [*e[:-1], Event("exit", TERM + 9000, "w1", rc=0)], "stop"),
+    (lambda e: [*e[:-1], Event("exit", TERM + 14_000, "w1", rc=0)], "stop"),
     (lambda e: [*e[:-1], Event("exit", TERM + 500, "w1", rc=1)], "stop"),
     (lambda e: e[:-1], "stop"),
     (lambda e: [*e[:-2], Event("exit", 21_000, "w1", rc=1, expected=False, detail="boom")],
