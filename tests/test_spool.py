@@ -335,3 +335,28 @@ async def test_a_second_signal_cuts_the_records_short(tmp_path: Path) -> None:
     assert took < 3, f"the stop took {took:.1f}s after stop_now()"
     (taken,) = Spool(tmp_path, "default", a.owed.spool.path.name.split("~")[1], "X").take()
     assert [e.result.status for e in taken.entries] == ["interrupted"]
+
+
+async def test_an_entry_for_a_job_no_longer_registered_is_kept_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Outage(DurableMemory())
+    b = _worker(store, "B", tmp_path, Calls(), threading.Event())
+    b.owed.open()  # the spool B will use, to plant an entry of a job B does not have
+    assert b.owed.spool is not None
+    Spool(tmp_path, "default", b.owed.spool.path.name.split("~")[1], "A").append(
+        entry(1_000, job="gone"))
+    caplog.set_level(logging.WARNING, "django_anarchon")
+    await b.start()
+    try:
+        await wait_for(lambda: not files(tmp_path, "*~*~*.jsonl*"), 5, "the replay")
+    finally:
+        await b.stop(grace="1s")
+    (kept,) = b.owed.spool.kept()
+    assert kept.job == "gone" and kept.why == "no job 'gone' in scheduler 'default'"
+    assert any("refused" in r.getMessage() and "gone" in r.getMessage() for r in caplog.records)
+    # Reported again at the next start, never dropped.
+    caplog.clear()
+    await b.start()
+    await b.stop(grace="1s")
+    assert any("could not be replayed and are kept" in r.getMessage() for r in caplog.records)

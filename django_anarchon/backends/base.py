@@ -324,6 +324,11 @@ class BaseBackend(abc.ABC):
     async def init(self) -> None:  # noqa: B027  (optional hook: nothing to do by default)
         """Connect and check the server. Called by ``start()`` and before reads; idempotent."""
 
+    async def prepare_jobs(self, jobs: list[tuple[str, int]]) -> None:
+        """Prepare several ``(job, history_size)`` at once; override to batch round trips."""
+        for job, history_size in jobs:
+            await self.prepare_job(job, history_size)
+
     async def prepare_job(self, job: str, history_size: int) -> None:  # noqa: B027  (optional hook: nothing to do by default)
         """One-time setup for a job (a stream, a queue, a lock row)."""
 

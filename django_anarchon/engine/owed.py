@@ -13,6 +13,7 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..exceptions import UnknownJobError
 from ..redact import describe_backend, redact_text
 from ..spool import Spool, SpoolEntry, SpoolError, store_fingerprint
 from .timer import now_ms
@@ -190,7 +191,9 @@ class OwedRecords:
     async def _replay_one(self, entry: SpoolEntry) -> tuple[str, SpoolEntry]:
         """``done``, ``again`` (an outage: try later), or why the store refuses it."""
         host = self.host
-        if entry.job not in {info.name for info in host.jobs()}:
+        try:
+            host.get_job(entry.job)
+        except UnknownJobError:
             return f"no job {entry.job!r} in scheduler {host.name!r}", entry
         backend = host.backend
         try:

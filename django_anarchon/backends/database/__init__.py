@@ -113,6 +113,9 @@ class DatabaseBackend(BaseBackend):
     async def prepare_job(self, job: str, history_size: int) -> None:
         await self._store_call("prepare_job", job)
 
+    async def prepare_jobs(self, jobs: list[tuple[str, int]]) -> None:
+        await self._store_call("prepare_jobs", [name for name, _ in jobs])
+
     async def claim(self, input: ClaimInput) -> bool:
         return bool(await self._store_call("claim", input))
 

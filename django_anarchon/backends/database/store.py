@@ -250,6 +250,19 @@ class Store:
 
         self._retrying(prepare)
 
+    def prepare_jobs(self, jobs: list[str]) -> None:
+        """Many jobs' lock rows: one read of those that exist, one INSERT of the rest."""
+
+        def prepare() -> None:
+            locks = JobLock.objects.using(self.using)
+            existing = set(locks.filter(job__in=jobs).values_list("job", flat=True))
+            missing = [JobLock(job=job) for job in dict.fromkeys(jobs) if job not in existing]
+            if missing:
+                with self._single_write():
+                    locks.bulk_create(missing, ignore_conflicts=True)  # a racing start wins
+
+        self._retrying(prepare)
+
     def claim(self, input: ClaimInput) -> bool:
         if self._use_functions():
             return self._retrying(lambda: postgres.claim(connections[self.using], input))
