@@ -29,7 +29,7 @@ import pytest
 from tests.conftest import databases
 from tests.support import reachable, unavailable
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,7 @@ from .broker_support import (
 )
 from .support import unavailable
 
-pytestmark = [pytest.mark.nats, pytest.mark.slow]
+pytestmark = [pytest.mark.nats, pytest.mark.slow, pytest.mark.workers]
 
 
 @pytest.fixture

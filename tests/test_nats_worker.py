@@ -10,7 +10,7 @@ import pytest
 
 from .broker_support import delete_nats_streams, four_workers_each_slot_once, nats_url
 
-pytestmark = [pytest.mark.nats, pytest.mark.slow]
+pytestmark = [pytest.mark.nats, pytest.mark.slow, pytest.mark.workers]
 
 
 def test_four_workers_run_each_slot_once(tmp_path: Path) -> None:

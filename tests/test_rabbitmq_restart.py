@@ -27,7 +27,7 @@ from .broker_support import (
     schedulers_across_restart,
 )
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow, pytest.mark.workers]
 
 
 async def test_schedulers_survive_a_rabbitmq_restart() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from .broker_support import delete_queues, four_workers_each_slot_once, rabbitmq_url
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow]
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.slow, pytest.mark.workers]
 
 
 def test_four_workers_run_each_slot_once(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ leases set ``supports_leases = False``, so the suite leaves the lease-rule tests
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +31,11 @@ def redis_prefix() -> Iterator[tuple[str, str]]:
     delete_prefix(url, PROCESS_PREFIX)
 
 
+#: 50 x 1,000 by default; ANARCHON_RACE_ROUNDS overrides it (scripts/test: 200 on its
+#: second interpreter).
+RACE_ROUNDS = int(os.environ.get("ANARCHON_RACE_ROUNDS", "1000"))
+
+
 class RedisContract(BackendContract):
     strategy: Any = "lease"
 
@@ -42,7 +48,7 @@ class RedisContract(BackendContract):
 class TestRedisLease(RedisContract):
     strategy = "lease"
     race_claimers = 50
-    race_rounds = 1000
+    race_rounds = RACE_ROUNDS
     process_factory = "tests.redis_support:process_lease_backend"
 
 
@@ -50,11 +56,11 @@ class TestRedisStreamId(RedisContract):
     supports_leases = False
     strategy = {"name": "stream-id", "maxlen": 1000}
     race_claimers = 50
-    race_rounds = 1000
+    race_rounds = RACE_ROUNDS
 
 
 class TestRedisScript(RedisContract):
     supports_leases = False
     strategy = {"name": "script", "window": "10m"}
     race_claimers = 50
-    race_rounds = 1000
+    race_rounds = RACE_ROUNDS

@@ -15,7 +15,7 @@ import pytest
 from .redis_support import delete_prefix, redis_url
 from .support import run_workers_and_count
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.workers]
 
 JOBS = 10
 

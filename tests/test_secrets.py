@@ -264,6 +264,7 @@ def _banner(tmp_path: Any, env: dict[str, str]) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.workers
 @pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS[n]) for n in REACHED])
 def test_the_worker_banner_hides_the_secret(name: str, tmp_path: Any) -> None:
     backend, options = _reached(name)
@@ -276,6 +277,7 @@ def test_the_worker_banner_hides_the_secret(name: str, tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.workers
 @pytest.mark.postgres
 @pytest.mark.usefixtures("postgres_database")
 def test_the_worker_banner_hides_the_database_password(tmp_path: Any) -> None:
@@ -296,6 +298,7 @@ DOWN = {
 
 
 @pytest.mark.slow
+@pytest.mark.workers
 @pytest.mark.parametrize("name", list(DOWN))
 def test_a_worker_whose_store_is_down_hides_the_secret(name: str, tmp_path: Any) -> None:
     backend, options = DOWN[name]

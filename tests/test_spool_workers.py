@@ -27,7 +27,7 @@ from django_anarchon.spool import Spool
 from tests.faults.servers import PostgresStore, RedisStore, Store, reap, spawn
 from tests.support import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
 ROOT = Path(__file__).resolve().parent.parent
 GRACE_S = 2

@@ -3,6 +3,7 @@ started by the tests on a free loopback port, for ``lease``, ``stream-id`` and `
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,11 @@ def valkey() -> Iterator[ValkeyServer]:
     server.stop()
 
 
+#: 50 x 1,000 by default; ANARCHON_RACE_ROUNDS overrides it (scripts/test: 200 on its
+#: second interpreter).
+RACE_ROUNDS = int(os.environ.get("ANARCHON_RACE_ROUNDS", "1000"))
+
+
 class ValkeyContract(BackendContract):
     strategy: Any = "lease"
 
@@ -34,18 +40,18 @@ class ValkeyContract(BackendContract):
 class TestValkeyLease(ValkeyContract):
     strategy = "lease"
     race_claimers = 50
-    race_rounds = 1000
+    race_rounds = RACE_ROUNDS
 
 
 class TestValkeyStreamId(ValkeyContract):
     supports_leases = False
     strategy = "stream-id"
     race_claimers = 50
-    race_rounds = 1000
+    race_rounds = RACE_ROUNDS
 
 
 class TestValkeyScript(ValkeyContract):
     supports_leases = False
     strategy = {"name": "script", "window": "5m"}
     race_claimers = 50
-    race_rounds = 1000
+    race_rounds = RACE_ROUNDS
