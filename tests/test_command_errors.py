@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -227,11 +228,15 @@ def test_worker_waits_for_a_store_that_is_down(store: str, tmp_path: Path) -> No
             wait_for(lambda: "retry" in log.read_text() or proc.poll() is not None, 60,
                      "a retry line of the waiting worker")
             assert proc.poll() is None, log.read_text()
+            began = time.monotonic()
             proc.terminate()
             proc.wait(timeout=30)
+            took = time.monotonic() - began
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     assert proc.returncode == 0, log.read_text()
     assert "Traceback" not in log.read_text()
+    # A stop while the start waits for its store is immediate (issue 15): no grace, no bound.
+    assert took < 3, f"SIGTERM to exit took {took:.1f}s"
