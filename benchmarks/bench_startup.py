@@ -9,8 +9,9 @@ end) and the Redis backend (under a key prefix of its own, deleted at the end): 
 arm every timer), then measures the process's CPU time and resident memory over
 ``--idle`` seconds with nothing due. The database backend runs twice in the same run:
 with jobs prepared in batches (``prepare_jobs``, 500 per call) and one by one
-(``prepare_job``, as before batching), so the two figures are side by side. Prints a
-Markdown table.
+(``prepare_job``, as before batching), so the two figures are side by side; each
+measurement's jobs are new to the store (their lock rows are created). Then both again
+with every job already known to the store (a restart). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -39,13 +40,18 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _measure(backend: Any, jobs: int, idle_s: float) -> tuple[float, float, float]:
-    """(seconds to start, share of a core while idle, RSS MB after the idle time)."""
+async def _measure(backend: Any, jobs: int, idle_s: float, run: str | None = None
+                   ) -> tuple[float, float, float]:
+    """(seconds to start, share of a core while idle, RSS MB after the idle time).
+
+    ``run`` names the jobs; by default new ones.
+    """
     from django_anarchon.engine import Scheduler
 
     scheduler = Scheduler(backend, instance_id="bench", spool=None)
+    run = run or uuid.uuid4().hex[:6]
     for i in range(jobs):
-        scheduler.every(f"bench-{i:05d}", "1h", lambda ctx: None)
+        scheduler.every(f"bench-{run}-{i:05d}", "1h", lambda ctx: None)
     began = time.perf_counter()
     await scheduler.start()
     took = time.perf_counter() - began
@@ -108,11 +114,15 @@ def main() -> None:
 
             prepare_jobs = BaseBackend.prepare_jobs
 
-        for label, backend in (
-            ("database (PostgreSQL), one by one", OneByOne()),
-            ("database (PostgreSQL), batched", DatabaseBackend()),
+        known = uuid.uuid4().hex[:6]
+        asyncio.run(_measure(DatabaseBackend(), args.jobs, 0, known))  # the store knows them
+        for label, backend, run in (
+            ("database (PostgreSQL), one by one, new jobs", OneByOne(), None),
+            ("database (PostgreSQL), batched, new jobs", DatabaseBackend(), None),
+            ("database (PostgreSQL), one by one, known jobs", OneByOne(), known),
+            ("database (PostgreSQL), batched, known jobs", DatabaseBackend(), known),
         ):
-            rows.append((label, *asyncio.run(_measure(backend, args.jobs, args.idle))))
+            rows.append((label, *asyncio.run(_measure(backend, args.jobs, args.idle, run))))
         prefix = f"bench-{uuid.uuid4().hex[:8]}"
         redis_backend = RedisBackend(url=args.redis, strategy="lease", key_prefix=prefix)
         try:
