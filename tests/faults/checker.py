@@ -371,9 +371,11 @@ def check(jobs: list[JobSpec], lines: list[Line], events: list[Event], rules: Ru
     if terms:
         end = first_term
         since = end - rules.idle_ms
+        # A worker ahead of a lease store's clock arms its first slots at its own "now":
+        # it can start nothing until ready + skew (true time), so only then does it count.
         alive = [life for life in lives.values()
                  if life.termed is not None and life.killed is None and not life.crashed
-                 and life.ready <= since]
+                 and life.ready + (max(life.skew_ms, 0) if rules.store_clock else 0) <= since]
         for life in alive:
             if last_start.get(life.instance, -math.inf) >= since:
                 continue
