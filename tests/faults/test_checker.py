@@ -219,6 +219,20 @@ def test_a_worker_behind_can_only_have_won_a_slot_its_skew_after_it() -> None:
     assert v.ok and v.excused == {"missed: winner killed before starting": 1}, v.summary()
 
 
+def test_a_winner_killed_before_its_first_start_may_have_been_slow_to_start() -> None:
+    """Seen in CI (redis-stream-id): a +5 s worker, 3.3 s old, killed 1.3 s after the slot
+    it had won, before its first run; a worker that has run before gets 1 s, and so does
+    one that had long been up (test_a_miss_is_excused_only_by_a_kill_of_...)."""
+    lines = [x for x in clean_lines() if not (x.job == "a" and x.slot == 14_000)]
+    fresh = [*clean_events(), *worker("w2", skew=5000, ready=12_000)[:2],
+             Event("kill", 15_300, "w2")]
+    v = verdict(lines, fresh)
+    assert v.ok and v.excused == {"missed: winner killed before starting": 1}, v.summary()
+    ran = [x for x in lines if not (x.job == "a" and x.slot == 13_000)]
+    ran.append(line("a", 13_000, "w2", 13_005, skew=5000))
+    only(verdict(ran, fresh), "missed")
+
+
 def test_a_claim_only_store_that_holds_early_claims_allows_no_early_start() -> None:
     """Redis stream-id answers a claim before its slot "wait": like a lease store there."""
     ahead = [x for x in clean_lines() if not (x.job == "a" and x.slot == 16_000)]
