@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import logging
@@ -31,7 +32,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import quote
 
 from .backends.base import FinalStatus, StoredResult
@@ -181,7 +182,7 @@ class Spool:
         taken: list[SpoolFile] = []
         if not self.directory.is_dir():
             return taken
-        for path in sorted(self.directory.glob(f"{glob_escape(self._prefix)}~*.jsonl*")):
+        for path in sorted(self.directory.glob(f"{glob.escape(self._prefix)}~*.jsonl*")):
             if path.name.endswith(".jsonl"):
                 target = path.with_name(path.name + ".replay")
                 try:
@@ -214,7 +215,7 @@ class Spool:
         torn: list[int] = []
         try:
             with path.open("r", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
-                lines = _lines(f)
+                lines = f.read().split("\n")
                 for number, line in enumerate(lines, 1):
                     if not line.strip():
                         continue
@@ -225,15 +226,6 @@ class Spool:
         except FileNotFoundError:
             pass
         return SpoolFile(path=path, entries=entries, torn=torn)
-
-
-def glob_escape(text: str) -> str:
-    """``text`` with glob's special characters matched literally."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
-
-
-def _lines(f: IO[str]) -> list[str]:
-    return f.read().split("\n")
 
 
 @contextlib.contextmanager
