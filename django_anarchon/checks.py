@@ -259,7 +259,7 @@ def check_jobs(
             messages.append(Warning(
                 f"scheduler {alias!r}: the one-off job {name!r} was due at "
                 f"{job.schedule.describe().removeprefix('at ')}, longer ago than its catch_up "
-                f"({job.options.catch_up_ms} ms) plus max_late ({job.options.max_late_ms} ms) "
+                f"({job.options.catch_up_window_ms} ms) plus max_late ({job.options.max_late_ms} ms) "
                 "allow: it will never run",
                 hint="Move the instant into the future, raise catch_up, or delete the job.",
                 obj=name, id="anarchon.W002",

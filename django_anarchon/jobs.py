@@ -27,18 +27,23 @@ JobKind = Literal["every", "cron", "once"]
 #: Options every job takes.
 COMMON_OPTIONS = frozenset(
     {"jitter", "max_late", "history_size", "history_ttl", "timeout", "overlap", "max_attempts",
-     "catch_up", "data"}
+     "catch_up", "catch_up_mode", "catch_up_limit", "data"}
 )
 #: Options that only make sense on a store with leases.
-LEASE_OPTIONS = frozenset({"overlap", "max_attempts", "catch_up"})
+LEASE_OPTIONS = frozenset({"overlap", "max_attempts", "catch_up", "catch_up_mode", "catch_up_limit"})
 #: Options of one schedule type only.
 KIND_OPTIONS: Mapping[str, frozenset[str]] = {
     "every": frozenset({"offset"}),
     "cron": frozenset({"timezone"}),
     "once": frozenset(),
 }
-#: Options a job on a ``once`` schedule refuses: a one-off cannot overlap itself.
-NOT_FOR_ONCE = frozenset({"overlap"})
+#: Options a job on a ``once`` schedule refuses: a one-off cannot overlap itself, and has
+#: only one slot to catch up.
+NOT_FOR_ONCE = frozenset({"overlap", "catch_up_limit"})
+CatchUpMode = Literal["latest", "all", "none"]
+CATCH_UP_MODES: tuple[CatchUpMode, ...] = ("latest", "all", "none")
+#: The most missed slots one start runs with ``catch_up_mode="all"``.
+MAX_CATCH_UP_LIMIT = 1_000
 
 Handler = Callable[..., Any]
 
@@ -71,6 +76,8 @@ class JobOptions:
     overlap: Literal["skip", "allow"] = "skip"
     max_attempts: int = 1
     catch_up_ms: int = 0
+    catch_up_mode: CatchUpMode = "latest"
+    catch_up_limit: int = 10
     data: Any = None
     #: Lease options the user set to a non-default value (a backend without leases refuses them).
     lease_options_asked: frozenset[str] = field(default=frozenset())
@@ -78,7 +85,12 @@ class JobOptions:
     @property
     def keep_ms(self) -> int:
         """How long a lease store must remember a finished run."""
-        return self.jitter_ms + self.max_late_ms + self.catch_up_ms
+        return self.jitter_ms + self.max_late_ms + self.catch_up_window_ms
+
+    @property
+    def catch_up_window_ms(self) -> int:
+        """How far back a start looks for missed slots (``catch_up_mode="none"``: not at all)."""
+        return 0 if self.catch_up_mode == "none" else self.catch_up_ms
 
 
 DEFAULTS = JobOptions()
@@ -166,10 +178,40 @@ def validate_options(
         values["catch_up_ms"] = parse_duration(options["catch_up"], job=job, option="catch_up")
         if values["catch_up_ms"] != DEFAULTS.catch_up_ms:
             asked.add("catch_up")
+    if "catch_up_mode" in options:
+        mode = options["catch_up_mode"]
+        if mode not in CATCH_UP_MODES:
+            raise ConfigurationError(
+                "must be 'latest', 'all' or 'none'", job=job, option="catch_up_mode", value=mode
+            )
+        values["catch_up_mode"] = mode
+        if mode != DEFAULTS.catch_up_mode:
+            asked.add("catch_up_mode")
+    if "catch_up_limit" in options:
+        values["catch_up_limit"] = _positive_int(
+            job, "catch_up_limit", options["catch_up_limit"], maximum=MAX_CATCH_UP_LIMIT
+        )
+        asked.add("catch_up_limit")
     if "data" in options:
         values["data"] = _check_data(job, options["data"])
     schedule_options = {k: options[k] for k in KIND_OPTIONS[kind] if k in options}
-    return replace(base, **values, lease_options_asked=frozenset(asked)), schedule_options
+    result = replace(base, **values, lease_options_asked=frozenset(asked))
+    _check_catch_up(job, result, options)
+    return result, schedule_options
+
+
+def _check_catch_up(job: str, o: JobOptions, options: Mapping[str, Any]) -> None:
+    """Refuse catch-up options that would silently do nothing."""
+    if o.catch_up_mode == "all" and o.catch_up_ms == 0 and "catch_up_mode" in options:
+        raise ConfigurationError(
+            "needs a catch_up window (e.g. catch_up='1h'): without one nothing is caught up",
+            job=job, option="catch_up_mode", value="all",
+        )
+    if "catch_up_limit" in options and o.catch_up_mode != "all":
+        raise ConfigurationError(
+            f"applies only with catch_up_mode='all' (this job's is {o.catch_up_mode!r})",
+            job=job, option="catch_up_limit", value=options["catch_up_limit"],
+        )
 
 
 def _storable_text_problem(text: str) -> str | None:
@@ -317,7 +359,7 @@ class Job:
         if not isinstance(self.schedule, Once):
             return False
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        return self.schedule.at_ms + self.options.catch_up_ms + self.options.max_late_ms < now
+        return self.schedule.at_ms + self.options.catch_up_window_ms + self.options.max_late_ms < now
 
 
 def build_job(

@@ -129,3 +129,20 @@ def sqlite_database(
 def database_access(django_db_blocker: Any) -> Iterator[None]:
     with django_db_blocker.unblock():
         yield
+
+
+@pytest.fixture
+def skew(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``skew(ms)`` moves this process's wall clock (the worker's) by ``ms``; a store's stays.
+
+    It shifts ``time.time_ns``, which the engine's ``now_ms`` reads; ``real_ms`` of
+    tests/test_engine_support.py keeps reading the true time.
+    """
+    import time
+
+    from tests.test_engine_support import _real_time_ns
+
+    def set_skew(ms: int) -> None:
+        monkeypatch.setattr(time, "time_ns", lambda: _real_time_ns() + ms * 1_000_000)
+
+    yield set_skew

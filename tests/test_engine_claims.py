@@ -10,32 +10,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from django_anarchon.backends.base import ClaimOutcome, RunClaim
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.engine import JobContext, Scheduler
 
-from .test_engine_support import Calls, Events, iso_in, stop_all, wait_for
-
-_real_time_ns = time.time_ns
-
-
-def real_ms() -> int:
-    return _real_time_ns() // 1_000_000
-
-
-@pytest.fixture
-def skew(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """``skew(ms)`` moves this process's wall clock (the worker's) by ``ms``; the store's stays."""
-
-    def set_skew(ms: int) -> None:
-        monkeypatch.setattr(time, "time_ns", lambda: _real_time_ns() + ms * 1_000_000)
-
-    yield set_skew
+from .test_engine_support import Calls, Events, iso_in, real_ms, stop_all, wait_for
 
 
 def true_store() -> MemoryBackend:

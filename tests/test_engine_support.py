@@ -19,6 +19,13 @@ from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.engine import Scheduler
 from django_anarchon.engine.events import Event
 
+_real_time_ns = time.time_ns
+
+
+def real_ms() -> int:
+    """The true clock, unmoved by the ``skew`` fixture (tests/conftest.py)."""
+    return _real_time_ns() // 1_000_000
+
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000

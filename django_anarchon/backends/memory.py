@@ -166,6 +166,10 @@ class MemoryRunStore:
             run.lease_until = self._state.now() - 1
             return True
 
+    async def now_ms(self, job: str) -> int:
+        """The store's (injectable) clock (optional capability)."""
+        return self._state.now()
+
     async def active(self, job: str) -> list[ActiveRun]:
         with self._state.lock:
             now = self._state.now()

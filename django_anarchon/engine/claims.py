@@ -46,6 +46,8 @@ BACKLOG_DELAY_MS = 100
 BACKLOG_MAX_SHARE = 0.5
 #: Longest single wait on an ``early`` answer before asking again.
 EARLY_WAIT_CAP_MS = 30_000
+#: How often a catch-up slot that met another run of its job asks again.
+CATCH_UP_OVERLAP_POLL_S = 1.0
 
 
 def new_token() -> str:
@@ -271,14 +273,19 @@ class ClaimFlows:
                     f"{job.name}@{iso(slot)}",
                 )
 
-    def catch_up(self, job: Job, now: int) -> None:
-        """At start: claim the newest slot that is past ``max_late`` here, as catch-up.
+    def catch_up(self, job: Job, now: int, armed: int | None) -> None:
+        """At start: claim the slots missed before ``armed`` (the timer's first), as catch-up.
 
-        The store judges the window (the claim's ``max_late_ms`` is ``catch_up``) on its
-        own clock; a slot outside it is answered ``late``, quietly.
+        ``catch_up_mode="latest"`` claims the newest; ``"all"`` the newest
+        ``catch_up_limit`` of the window, oldest first. The store judges the window (the
+        claim's ``max_late_ms`` is ``catch_up``) on its own clock; a slot outside it is
+        answered ``late``, quietly.
         """
         options = job.options
-        if self.host.backend.runs is None or options.catch_up_ms <= 0:
+        if self.host.backend.runs is None or options.catch_up_window_ms <= 0:
+            return
+        if options.catch_up_mode == "all" and armed is not None:
+            self.host.spawn(self._catch_up_all(job, now, armed), f"catch-up {job.name}")
             return
         slot = job.schedule.latest_at_or_before(now)
         if slot is None or now <= slot + options.max_late_ms:
@@ -287,6 +294,56 @@ class ClaimFlows:
         self.host.spawn(
             self._lease_claim(job, claim, now + self.host.lease_ms), f"catch-up {job.name}@{iso(slot)}"
         )
+
+    async def _catch_up_all(self, job: Job, now: int, armed: int) -> None:
+        """``catch_up_mode="all"``: the missed slots run one at a time, oldest first.
+
+        The window's far end is read off the store's clock where the store tells it, so a
+        worker whose clock runs ahead still reaches the window's oldest slots (each claim
+        is judged by the store again). A slot that meets another run of its job waits for
+        that run to end instead of being skipped: the other run is often the previous
+        catch-up slot on another instance.
+        """
+        host, options = self.host, job.options
+        window = options.catch_up_ms
+        far_end = await self._store_now(job, now) - window
+        slots: list[int] = []
+        cursor = armed
+        while len(slots) < options.catch_up_limit:
+            slot = job.schedule.latest_at_or_before(cursor - 1)
+            if slot is None or slot < far_end:
+                break
+            slots.append(slot)
+            cursor = slot
+        for slot in reversed(slots):
+            claim = self.run_claim(job, slot, "catch-up", window)
+            while True:
+                outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
+                if outcome is None or outcome.kind != "overlap":
+                    break
+                if await host.wait_stopping(CATCH_UP_OVERLAP_POLL_S):
+                    return
+            if host.stopping:
+                return
+            if outcome is None:
+                await host.emit_event("skip", job, slot, reason="late")
+                continue
+            await self._lease_claim(job, claim, now_ms() + host.lease_ms, outcome)
+
+    async def _store_now(self, job: Job, fallback: int) -> int:
+        """The store's clock, if the lease store tells it (optional ``now_ms(job)``)."""
+        clock = getattr(self.host.backend.runs, "now_ms", None)
+        if clock is None:
+            return fallback
+        try:
+            return int(await clock(job.name))
+        except Exception as exc:
+            logger.warning(
+                "scheduler %s: job %s: the store's clock could not be read (%s); the catch-up "
+                "window is counted from this worker's clock",
+                self.host.name, job.name, error_text(exc),
+            )
+            return fallback
 
     async def _admit(self, job: Job) -> int:
         """Back-pressure before a claim: the capacity units the claim will hold (0 or 1)."""

@@ -380,6 +380,8 @@ class Scheduler:
                     "overlap": options.overlap,
                     "max_attempts": options.max_attempts,
                     "catch_up": options.catch_up_ms,
+                    "catch_up_mode": options.catch_up_mode,
+                    "catch_up_limit": options.catch_up_limit,
                 }.get(option),
             )
             raise ConfigurationError(
@@ -527,7 +529,7 @@ class Scheduler:
         now = now_ms()
         for state in list(self._jobs.values()):
             self._arm(state, now, initial=True)
-            self._claims.catch_up(state.job, now)
+            self._claims.catch_up(state.job, now, state.next_slot)
         self._timer.start()
         logger.info(
             "scheduler %s started: instance %s, backend %s, %s job(s)",

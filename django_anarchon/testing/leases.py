@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from ..backends.base import MIN_KEEP_MS, ClaimOutcome, FinalStatus
 from ._base import (
     _HOUR_MS,
@@ -336,6 +338,29 @@ class LeaseTests(ContractBase):
             takeover = self.run_claim(job, slot, "b", "B", mode="takeover", max_attempts=2)
             assert await runs.claim(takeover) == ClaimOutcome.none()
             assert await backend.history(job, 10) == []
+
+        self.run(make_backend, scenario)
+
+    def test_lease_now_ms_is_the_clock_claims_are_judged_by(
+        self, make_backend: BackendFactory
+    ) -> None:
+        """The optional ``runs.now_ms(job)``: a claim of a slot 20 s after it is ``early``
+        by 20 s, give or take the round trips, and one 20 s before it is ``late``."""
+
+        async def scenario(backends: _Backends) -> None:
+            _, runs = await self.leases(backends)
+            clock = getattr(runs, "now_ms", None)
+            if clock is None:
+                pytest.skip("the RunStore has no now_ms(job)")
+            job = unique_job("clock")
+            now = int(await clock(job))
+            outcome = await runs.claim(self.run_claim(job, now + 20_000, "a", "A"))
+            assert outcome.kind == "early" and outcome.wait_ms is not None, outcome
+            assert 15_000 <= outcome.wait_ms <= 20_000, outcome
+            late = self.run_claim(job, now - 20_000, "b", "B", max_late_ms=10_000)
+            outcome = await runs.claim(late)
+            assert outcome.kind == "late" and outcome.late_ms is not None, outcome
+            assert 20_000 <= outcome.late_ms <= 25_000, outcome
 
         self.run(make_backend, scenario)
 

@@ -186,6 +186,11 @@ class DatabaseRunStore:
     async def release(self, job: str, slot: int, token: str) -> bool:
         return bool(await self._backend._store_call("release", job, slot, token, urgent=True))
 
+    async def now_ms(self, job: str) -> int:
+        """The database server's clock (optional capability; the same for every job)."""
+        now: int = await self._backend._store_call("now_ms")
+        return now
+
     async def active(self, job: str) -> list[ActiveRun]:
         runs: list[ActiveRun] = await self._backend._store_call("active", job)
         return runs

@@ -586,6 +586,10 @@ class RedisRunStore:
         done = await self._backend.eval(scripts.RELEASE, [self._run_key(job, slot)], [token])
         return int(done) == 1
 
+    async def now_ms(self, job: str) -> int:
+        """The clock of the server that holds ``job``'s runs (optional capability)."""
+        return int(await self._backend.eval(scripts.NOW, [f"{self._backend.job_key(job)}:active"], []))
+
     async def active(self, job: str) -> list[ActiveRun]:
         base = self._backend.job_key(job)
         rows = await self._backend.eval(scripts.ACTIVE, [f"{base}:active"], [f"{base}:r:"])

@@ -38,6 +38,7 @@ __all__ = [
     "HISTORY",
     "IDMP_CLAIM",
     "MANUAL",
+    "NOW",
     "RELEASE",
     "RUN_CLAIM",
     "RUN_FORMAT",
@@ -459,6 +460,9 @@ return 1
 )
 
 # runs.active(). KEYS: active. ARGV: run key prefix. Returns {slot, attempt, alive}...
+#: The server's clock, on the node that holds the job's keys (KEYS[1] routes it there).
+NOW = _script("now", "return now_ms()")
+
 ACTIVE = _script(
     "active",
     r"""
