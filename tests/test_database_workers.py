@@ -314,3 +314,32 @@ def test_sigterm_of_the_runner_hands_over_at_once(
     assert workers.procs[runner].wait(15) == 0
     ends = [r for r in db.executions() if r[1] == slot and r[2] == runner and r[4] != "start"]
     assert ends and ends[0][4] == "end stop"
+
+
+@pytest.mark.postgres
+def test_two_workers_catch_up_every_missed_slot_once_oldest_first(
+    pg_db: Callable[..., Database], workers: Workers
+) -> None:
+    """``catch_up_mode="all"``, limit 3: two workers starting together on a store that never
+    ran the job run its 3 newest missed slots once each, one after the other."""
+    db = pg_db("catchup")
+    # Start just after a 10 s slot: both workers then arm the same next slot.
+    time.sleep(((500 - now_ms() % 10_000) % 10_000) / 1000)
+    boundary = now_ms() // 10_000 * 10_000
+    workers.start(db, "A")
+    workers.start(db, "B")
+    workers.wait_started()
+    rows = wait_for(
+        lambda: (r := [e for e in db.executions() if e[4] == "catch-up"]) and len(r) >= 3 and r,
+        30, "three catch-up runs",
+    )
+    workers.stop_all()
+    rows = [e for e in db.executions() if e[4] == "catch-up"]
+    slots = sorted(slot for _, slot, *_ in rows)
+    assert slots == [boundary - 20_000, boundary - 10_000, boundary], rows
+    order = [slot for (slot,) in db.query(
+        "SELECT slot FROM dbworkerapp_execution WHERE note = 'catch-up' ORDER BY at, id"
+    )]
+    assert order == slots, "not run oldest first"
+    assert {(job, slot, status) for job, slot, _, _, reason, status in db.attempts()
+            if reason == "catch-up"} == {("report", s, "success") for s in slots}

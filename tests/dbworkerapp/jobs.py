@@ -3,11 +3,14 @@
 * ``many``: ``ANARCHON_DBW_JOBS`` jobs (20) every 200 ms, each writing one ``Execution``.
 * ``long``: one job every 2 s that runs until its signal aborts it (max_attempts 2), and
   writes an ``Execution`` when it starts and when it ends.
+* ``catchup``: one job every 10 s that catches up its 3 newest missed slots of 100 s
+  (``catch_up_mode="all"``); each run takes 300 ms.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,3 +46,11 @@ if SCENARIO == "long":
         ctx.signal.wait(60)
         record(ctx, f"end {ctx.signal.reason}")
         ctx.signal.raise_if_aborted()
+
+if SCENARIO == "catchup":
+
+    @every("10s", name="report", max_late="500ms", catch_up="100s", catch_up_mode="all",
+           catch_up_limit=3)
+    def report(ctx: Any) -> None:
+        record(ctx, ctx.reason)
+        time.sleep(0.3)

@@ -1,0 +1,309 @@
+"""Start lateness end to end: worker processes, real stores, handlers that time themselves.
+
+    python benchmarks/bench_lateness.py [--workers 4] [--stores postgres,redis,mysql,sqlite]
+                                        [--steady 20] [--burst 35] [--burst-jobs 1000]
+                                        [--handler sync|async] [--profile DIR]
+
+Lateness is handler start minus slot, read by the handler itself on the machine's clock
+(every process shares it) and kept in memory until the worker stops: nothing about the
+measurement goes through the store. Two workloads per store, each with ``--workers``
+worker processes on one store:
+
+- steady: 10 jobs every second for ``--steady`` seconds. Reported: p50, p99 and max
+  after the first 3 s, and the worst slot due in the first second after every worker
+  was ready ("first slot").
+- burst: ``--burst-jobs`` jobs every 10 s (all due at the same instant) for ``--burst``
+  seconds, PostgreSQL and Redis only. Reported: per burst, when its last handler
+  started; p50/p99 over every run.
+
+Every workload also counts runs, duplicates (a slot started twice) and misses (a slot
+due while every worker was up that never started). ``--profile DIR`` runs each worker
+under cProfile and writes ``DIR/<store>-<workload>-<i>.prof``. Prints a Markdown report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WARM_UP_MS = 3_000
+BURST_EVERY_MS = 10_000
+
+
+# -- the worker process ---------------------------------------------------------------
+
+
+def _configure(store: str, database: str) -> None:
+    import django
+    from django.conf import settings
+
+    databases: dict[str, Any] = {}
+    if store == "postgres":
+        databases["default"] = {
+            "ENGINE": "django.db.backends.postgresql", "NAME": database, "HOST": "127.0.0.1",
+            "PORT": "5432", "USER": "postgres", "CONN_MAX_AGE": None,
+        }
+    elif store == "mysql":
+        databases["default"] = {
+            "ENGINE": "django.db.backends.mysql", "NAME": database, "HOST": "127.0.0.1",
+            "PORT": "3306", "USER": "root", "CONN_MAX_AGE": None,
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+    else:  # sqlite (and redis, which needs no database but Django wants one)
+        databases["default"] = {
+            "ENGINE": "django.db.backends.sqlite3", "NAME": database, "CONN_MAX_AGE": None,
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20,
+                        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"},
+        }
+    settings.configure(
+        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_anarchon"],
+        DATABASES=databases, USE_TZ=True, ANARCHON={"default": {"SPOOL": False}},
+    )
+    django.setup()
+
+
+def _backend(store: str, prefix: str) -> Any:
+    if store == "redis":
+        from django_anarchon.backends.redis import RedisBackend
+
+        return RedisBackend(url="redis://127.0.0.1:6379/0", strategy="lease", key_prefix=prefix)
+    from django_anarchon.backends.database import DatabaseBackend
+
+    return DatabaseBackend()
+
+
+async def _work(args: argparse.Namespace) -> dict[str, Any]:
+    from django_anarchon.engine import JobContext, Scheduler
+
+    starts: list[tuple[str, int, int]] = []
+
+    def record(ctx: JobContext) -> None:
+        starts.append((ctx.name, ctx.slot, time.time_ns() // 1_000_000))
+
+    async def arecord(ctx: JobContext) -> None:
+        starts.append((ctx.name, ctx.slot, time.time_ns() // 1_000_000))
+
+    handler = arecord if args.handler == "async" else record
+    scheduler = Scheduler(_backend(args.store, args.prefix), instance_id=args.instance, spool=None)
+    for i in range(args.jobs):
+        scheduler.every(f"{args.prefix}-{i:05d}", f"{args.every_ms}ms", handler,
+                        max_late="60s")
+    await scheduler.start()
+    ready = time.time_ns() // 1_000_000
+    await asyncio.sleep(max(0.0, (args.until - ready) / 1000))
+    await scheduler.stop(grace="5s")
+    return {"instance": args.instance, "ready": ready, "starts": starts}
+
+
+def worker(args: argparse.Namespace) -> None:
+    _configure(args.store, args.database)
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        result = profiler.runcall(asyncio.run, _work(args))
+        profiler.dump_stats(args.profile)
+    else:
+        result = asyncio.run(_work(args))
+    Path(args.out).write_text(json.dumps(result))
+
+
+# -- the parent -----------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    store: str
+    workload: str
+    runs: int
+    duplicates: int
+    misses: int
+    lateness: list[int]
+    first: int | None
+    bursts: list[int]
+
+
+def _database(store: str) -> tuple[str, Any]:
+    """A new database for one workload, and how to drop it."""
+    name = f"anarchon_bench_{uuid.uuid4().hex[:8]}"
+    if store == "postgres":
+        import psycopg
+
+        admin = dict(host="127.0.0.1", port=5432, user="postgres", dbname="postgres",
+                     autocommit=True)
+        with psycopg.connect(**admin) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+        def drop() -> None:
+            with psycopg.connect(**admin) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+        return name, drop
+    if store == "mysql":
+        import MySQLdb
+
+        conn = MySQLdb.connect(host="127.0.0.1", port=3306, user="root")
+        conn.cursor().execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        conn.close()
+
+        def drop_mysql() -> None:
+            c = MySQLdb.connect(host="127.0.0.1", port=3306, user="root")
+            c.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+            c.close()
+
+        return name, drop_mysql
+    path = Path(tempfile.mkdtemp(prefix="anarchon-bench-")) / "db.sqlite3"
+
+    def drop_file() -> None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+    return str(path), drop_file
+
+
+def _migrate(store: str, database: str) -> None:
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+        "from benchmarks.bench_lateness import _configure; "
+        f"_configure({store!r}, {database!r}); from django.core.management import call_command; "
+        "call_command('migrate', verbosity=0)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _run(args: argparse.Namespace, store: str, workload: str, jobs: int, every_ms: int,
+         seconds: float) -> Report:
+    database, drop = _database(store)
+    prefix = f"lb{uuid.uuid4().hex[:6]}"
+    try:
+        if store != "redis":
+            _migrate(store, database)
+        # Every worker gets time to import Django and start before the measured window.
+        until = int(time.time() * 1000) + 5_000 + int(seconds * 1000)
+        out_dir = Path(tempfile.mkdtemp(prefix="anarchon-bench-"))
+        procs = []
+        for i in range(args.workers):
+            cmd = [sys.executable, __file__, "--worker", "--store", store, "--database", database,
+                   "--prefix", prefix, "--instance", f"w{i}", "--jobs", str(jobs),
+                   "--every-ms", str(every_ms), "--until", str(until),
+                   "--out", str(out_dir / f"{i}.json"), "--handler", args.handler]
+            if args.profile:
+                Path(args.profile).mkdir(parents=True, exist_ok=True)
+                cmd += ["--profile", str(Path(args.profile) / f"{store}-{workload}-{i}.prof")]
+            procs.append(subprocess.Popen(cmd, cwd=ROOT))
+        for proc in procs:
+            if proc.wait(timeout=seconds + 120) != 0:
+                raise SystemExit(f"a {store} worker failed with exit code {proc.returncode}")
+        results = [json.loads((out_dir / f"{i}.json").read_text()) for i in range(args.workers)]
+    finally:
+        drop()
+        if store == "redis":
+            _delete_prefix(prefix)
+    return _report(store, workload, results, [f"{prefix}-{i:05d}" for i in range(jobs)],
+                   every_ms, until)
+
+
+def _delete_prefix(prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def _report(store: str, workload: str, results: list[dict[str, Any]], names: list[str],
+            every_ms: int, until: int) -> Report:
+    ready = max(r["ready"] for r in results)
+    seen: dict[tuple[str, int], int] = {}
+    duplicates = 0
+    for r in results:
+        for job, slot, start in r["starts"]:
+            if (job, slot) in seen:
+                duplicates += 1
+            seen[(job, slot)] = start
+    # Slots due while every worker was up, leaving the last 2 s for the stop.
+    first_slot = (ready // every_ms + 1) * every_ms
+    due = range(first_slot, until - 2_000, every_ms)
+    misses = sum(1 for job in names for slot in due if (job, slot) not in seen)
+    measured = [(slot, start - slot) for (_, slot), start in seen.items() if slot in due]
+    steady_from = first_slot + WARM_UP_MS
+    lateness = sorted(late for slot, late in measured if slot >= steady_from or workload == "burst")
+    first = max((late for slot, late in measured if slot == first_slot), default=None)
+    bursts = []
+    if workload == "burst":
+        for slot in due:
+            lates = [late for s, late in measured if s == slot]
+            if lates:
+                bursts.append(max(lates))
+    return Report(store, workload, len(seen), duplicates, misses, lateness, first, bursts)
+
+
+def _pct(values: list[int], q: float) -> str:
+    if not values:
+        return "-"
+    return f"{values[min(len(values) - 1, int(len(values) * q))]} ms"
+
+
+def _print(reports: list[Report], args: argparse.Namespace) -> None:
+    from importlib.metadata import version
+
+    import django
+
+    print(f"{args.workers} worker processes per store, {args.handler} handlers; "
+          f"Python {sys.version.split()[0]}, Django {django.get_version()}, "
+          f"django-anarchon {version('django-anarchon')}, {os.cpu_count()} cores\n")
+    print("| store | workload | runs | duplicates | misses | p50 | p99 | max | first slot "
+          "| last handler of each burst |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in reports:
+        median = f"{statistics.median(r.lateness):.0f} ms" if r.lateness else "-"
+        first = "-" if r.first is None else f"{r.first} ms"
+        bursts = ", ".join(f"{b} ms" for b in r.bursts) or "-"
+        print(f"| {r.store} | {r.workload} | {r.runs:,} | {r.duplicates} | {r.misses} | {median} "
+              f"| {_pct(r.lateness, 0.99)} | {_pct(r.lateness, 1.0)} | {first} | {bursts} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for name in ("--store", "--database", "--prefix", "--instance", "--out"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    for name in ("--jobs", "--every-ms", "--until"):
+        parser.add_argument(name, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--stores", default="postgres,redis,mysql,sqlite")
+    parser.add_argument("--steady", type=float, default=20.0, help="seconds of the 10-job run")
+    parser.add_argument("--burst", type=float, default=35.0, help="seconds of the burst run")
+    parser.add_argument("--burst-jobs", type=int, default=1000)
+    parser.add_argument("--handler", choices=("sync", "async"), default="sync")
+    parser.add_argument("--profile", help="directory for one cProfile file per worker")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    reports = []
+    for store in args.stores.split(","):
+        reports.append(_run(args, store, "steady", 10, 1_000, args.steady))
+        if store in ("postgres", "redis") and args.burst > 0:
+            reports.append(_run(args, store, "burst", args.burst_jobs, BURST_EVERY_MS, args.burst))
+    _print(reports, args)
+
+
+if __name__ == "__main__":
+    main()
