@@ -394,18 +394,27 @@ class Cron:
                 start = max(start, self._wall(change - 1, old))  # every fold wall is past
         with self._lock:
             best = self._last_primary_at_or_before(start, ms)
-            if fall is not None and self._fold == "both" and fall[0] <= ms:
-                change, old, new = fall
-                high = self._wall(min(ms, change + old - new - 1), new)
-                for wall in self._walls_down(high):
-                    if wall < self._wall(change, new):
-                        break  # before the fold
-                    second = self._instant(wall, 1)
-                    if wall <= high and second <= ms:
-                        if best is None or second > best:
+            if self._fold == "both" and best is not None:
+                # A second occurrence lies within a fold's width (< _WINDOW_MS) after the
+                # first one, itself at or before ``best``: near ``ms`` or near ``best``.
+                near = {f for f in (fall, self._fall_back_near(best)) if f is not None}
+                for change, old, new in near:
+                    if change <= ms:
+                        second = self._last_second(change, old, new, ms)
+                        if second is not None and second > best:
                             best = second
-                        break
         return best
+
+    def _last_second(self, change: int, old: int, new: int, ms: int) -> int | None:
+        """The last second occurrence at or before ``ms`` of a wall in the fold at ``change``."""
+        high = self._wall(min(ms, change + old - new - 1), new)
+        for wall in self._walls_down(high):
+            if wall < self._wall(change, new):
+                return None  # before the fold
+            second = self._instant(wall, 1)
+            if wall <= high and second <= ms:
+                return second
+        return None
 
     def min_gap_ms(self) -> float:
         """Smallest real gap between consecutive slots over roughly the coming year (cached).
