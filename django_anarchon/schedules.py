@@ -141,6 +141,49 @@ _NAMES = {
 }
 
 
+FireMark = Literal["", "shifted", "skipped", "fold: first", "fold: second"]
+
+
+@dataclass(frozen=True)
+class Fire:
+    """One line of a schedule preview: a slot, or matching wall-clock times a gap swallowed.
+
+    ``wall`` is the local wall clock of the slot (of the first swallowed time when
+    ``skipped``, whose ``at_ms`` is ``None``); ``first_moved`` and ``last_moved`` are the
+    first and last matching wall-clock times in the gap, for ``shifted`` and ``skipped``.
+    """
+
+    at_ms: int | None
+    wall: datetime
+    mark: FireMark = ""
+    first_moved: datetime | None = None
+    last_moved: datetime | None = None
+
+    def label(self) -> str:
+        """``shifted from 02:30``, ``skipped 02:00 to 02:45``, ``fold: first`` or ``""``."""
+        if self.first_moved is None:
+            return self.mark
+        moved = _span(self.first_moved, self.last_moved)
+        return f"skipped {moved}" if self.mark == "skipped" else f"shifted from {moved}"
+
+
+@dataclass(frozen=True)
+class DstEvent:
+    """A gap or fold of a cron job's zone that holds matching wall-clock times."""
+
+    kind: Literal["gap", "fold"]
+    change_ms: int
+    first_wall: datetime
+    last_wall: datetime
+
+
+def _span(first: datetime, last: datetime | None) -> str:
+    text = "%H:%M:%S" if first.second or (last and last.second) else "%H:%M"
+    if last is None or last == first:
+        return first.strftime(text)
+    return f"{first.strftime(text)} to {last.strftime(text)}"
+
+
 class Cron:
     """A cron expression evaluated on wall-clock time in an IANA time zone.
 
@@ -467,11 +510,94 @@ class Cron:
                 break
         return min((b - a for a, b in itertools.pairwise(slots)), default=math.inf)
 
+    # previews and DST events: what the rules do to this expression -----------------
+
+    def preview(self, after_ms: int, n: int) -> list[Fire]:
+        """The next ``n`` slots after ``after_ms``, each marked when a DST rule shaped it.
+
+        Matching wall-clock times that a gap swallowed (``dst_gap="skip"``, or an every-hour
+        expression) come as extra ``skipped`` entries, in order, not counted in ``n``.
+        """
+        out: list[Fire] = []
+        cursor = after_ms
+        for _ in range(n):
+            slot = self.next_after(cursor)
+            if slot is None:
+                break
+            if self._gap == "skip":
+                for change in self._changes_between(cursor, slot, gaps=True):
+                    walls = self._matches_between(*self._gap_walls(change))
+                    if walls is not None:
+                        out.append(Fire(None, walls[0], "skipped", *walls))
+            out.append(self._marked(slot))
+            cursor = slot
+        return out
+
+    def _marked(self, slot: int) -> Fire:
+        wall = self.wall_of(slot)
+        if self._gap == "shift" and self._offset_ms(slot - 1) < self._offset_ms(slot):
+            walls = self._matches_between(*self._gap_walls(slot))
+            if walls is not None:
+                return Fire(slot, wall, "shifted", *walls)
+        first, second = self._instant(wall, 0), self._instant(wall, 1)
+        if first < second:
+            return Fire(slot, wall, "fold: first" if slot == first else "fold: second")
+        return Fire(slot, wall)
+
+    def dst_events(self, start_ms: int, end_ms: int) -> list[DstEvent]:
+        """The gaps and folds in [start_ms, end_ms] that hold a matching wall-clock time.
+
+        Empty for an every-hour expression: it keeps real elapsed time, no policy applies.
+        """
+        if self.every_hour:
+            return []
+        events = []
+        for change in self._offset_changes(start_ms, end_ms):
+            old, new = self._offset_ms(change - 1), self._offset_ms(change)
+            if old < new:
+                walls = self._matches_between(*self._gap_walls(change))
+                kind: Literal["gap", "fold"] = "gap"
+            else:
+                walls = self._matches_between(self._wall(change, new), self._wall(change, old))
+                kind = "fold"
+            if walls is not None:
+                events.append(DstEvent(kind, change, walls[0], walls[1]))
+        return events
+
+    def _gap_walls(self, change: int) -> tuple[datetime, datetime]:
+        """``[start, end)`` of the wall-clock times skipped by the spring-forward at ``change``."""
+        return self._wall(change - 1, self._offset_ms(change - 1)) + _MS, self.wall_of(change)
+
+    def _matches_between(self, low: datetime, high: datetime) -> tuple[datetime, datetime] | None:
+        """The first and last matching wall-clock times in ``[low, high)``, or ``None``."""
+        with self._lock:
+            first = next(self._walls_up(low), None)
+            if first is None or first >= high:
+                return None
+            last = next(self._walls_down(high - _SECOND), first)
+        return first, max(first, last)
+
+    def _changes_between(self, after_ms: int, until_ms: int, *, gaps: bool) -> list[int]:
+        """UTC-offset changes in ``(after_ms, until_ms]`` (spring-forwards only with ``gaps``)."""
+        changes = []
+        probes = [*range(after_ms, until_ms, _WINDOW_MS * 2), until_ms]
+        for before, after in itertools.pairwise(probes):
+            old, new = self._offset_ms(before), self._offset_ms(after)
+            if old != new and (new > old or not gaps):
+                changes.append(self._transition(before, after))
+        return changes
+
     def describe(self) -> str:
-        return f'cron "{self.expression}" ({self.timezone})'
+        extra = "".join(
+            f", {name}={value}" for name, value, default in
+            (("dst_gap", self.dst_gap, "shift"), ("dst_fold", self.dst_fold, "first"))
+            if value != default
+        )
+        return f'cron "{self.expression}" ({self.timezone}{extra})'
 
     def __repr__(self) -> str:
-        return f"Cron({self.expression!r}, {self.timezone!r})"
+        return (f"Cron({self.expression!r}, {self.timezone!r}, dst_gap={self.dst_gap!r}, "
+                f"dst_fold={self.dst_fold!r})")
 
 
 def _check_fields(fields: list[str]) -> None:
