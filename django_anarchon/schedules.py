@@ -155,9 +155,26 @@ class Fire:
 
     at_ms: int | None
     wall: datetime
+    zone: str
     mark: FireMark = ""
     first_moved: datetime | None = None
     last_moved: datetime | None = None
+
+    def local_text(self) -> str:
+        """The slot in its zone, to the second, with the zone's abbreviation."""
+        if self.at_ms is None:
+            return self.wall.strftime("%Y-%m-%d %H:%M:%S") + " (not on the clock)"
+        return ms_to_datetime(self.at_ms).astimezone(ZoneInfo(self.zone)).strftime(
+            "%Y-%m-%d %H:%M:%S %Z")
+
+    def utc_text(self) -> str:
+        return "-" if self.at_ms is None else ms_to_datetime(self.at_ms).strftime(
+            "%Y-%m-%d %H:%M:%S UTC")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"at": None if self.at_ms is None else ms_to_datetime(self.at_ms).isoformat(),
+                "local": self.local_text(), "zone": self.zone, "mark": self.mark,
+                "dst": self.label()}
 
     def label(self) -> str:
         """``shifted from 02:30``, ``skipped 02:00 to 02:45``, ``fold: first`` or ``""``."""
@@ -175,6 +192,20 @@ class DstEvent:
     change_ms: int
     first_wall: datetime
     last_wall: datetime
+
+
+def preview(schedule: Schedule, after_ms: int, n: int, zone: str = "UTC") -> list[Fire]:
+    """The next ``n`` slots of any schedule; a cron job's in its own zone, marked for DST."""
+    if isinstance(schedule, Cron):
+        return schedule.preview(after_ms, n)
+    tz = ZoneInfo(zone)
+    out: list[Fire] = []
+    slot = schedule.next_after(after_ms)
+    while slot is not None and len(out) < n:
+        wall = ms_to_datetime(slot).astimezone(tz).replace(tzinfo=None)
+        out.append(Fire(slot, wall, zone))
+        slot = schedule.next_after(slot)
+    return out
 
 
 def _span(first: datetime, last: datetime | None) -> str:
@@ -528,7 +559,7 @@ class Cron:
                 for change in self._changes_between(cursor, slot, gaps=True):
                     walls = self._matches_between(*self._gap_walls(change))
                     if walls is not None:
-                        out.append(Fire(None, walls[0], "skipped", *walls))
+                        out.append(Fire(None, walls[0], self.timezone, "skipped", *walls))
             out.append(self._marked(slot))
             cursor = slot
         return out
@@ -538,11 +569,11 @@ class Cron:
         if self._gap == "shift" and self._offset_ms(slot - 1) < self._offset_ms(slot):
             walls = self._matches_between(*self._gap_walls(slot))
             if walls is not None:
-                return Fire(slot, wall, "shifted", *walls)
+                return Fire(slot, wall, self.timezone, "shifted", *walls)
         first, second = self._instant(wall, 0), self._instant(wall, 1)
         if first < second:
-            return Fire(slot, wall, "fold: first" if slot == first else "fold: second")
-        return Fire(slot, wall)
+            return Fire(slot, wall, self.timezone, "fold: first" if slot == first else "fold: second")
+        return Fire(slot, wall, self.timezone)
 
     def dst_events(self, start_ms: int, end_ms: int) -> list[DstEvent]:
         """The gaps and folds in [start_ms, end_ms] that hold a matching wall-clock time.
