@@ -246,3 +246,8 @@ def test_jobs_next_refuses_bad_input_in_one_line() -> None:
         with pytest.raises(CommandError, match=f"argument --next: expected a whole number from "
                                                f"1 to 1,000, got '{n}'"):
             run("anarchon_jobs", "--next", n)
+
+
+def test_jobs_of_one_job_without_next() -> None:
+    out, _ = run("anarchon_jobs", "stock.report")
+    assert [line.split()[:2] for line in out.splitlines()[2:]] == [["default", "stock.report"]]

@@ -228,3 +228,18 @@ def test_dst_events_are_the_gaps_and_folds_with_matches() -> None:
     ]
     assert Cron("30 12 * * *", NEW_YORK).dst_events(0, ms("2027-01-01T00:00+00:00")) == []
     assert Cron("*/5 * * * *", NEW_YORK).dst_events(0, ms("2027-01-01T00:00+00:00")) == []
+
+
+def test_cron_refuses_unknown_policies() -> None:
+    with pytest.raises(ValueError, match="dst_gap must be 'shift' or 'skip', got 'later'"):
+        Cron("30 2 * * *", NEW_YORK, dst_gap="later")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dst_fold must be 'first', 'second' or 'both'"):
+        Cron("30 2 * * *", NEW_YORK, dst_fold="all")  # type: ignore[arg-type]
+
+
+def test_min_gap_counts_a_doubled_fold() -> None:
+    jan = ms("2026-01-01T00:00+00:00")
+    assert Cron("30 1 * * *", NEW_YORK, dst_fold="both").min_gap_from(jan) == HOUR
+    # otherwise the shortest is the 23-hour day of March (01:30 EST, then 01:30 EDT)
+    assert Cron("30 1 * * *", NEW_YORK, dst_fold="second").min_gap_from(jan) == 23 * HOUR
+    assert Cron("30 1 * * *", NEW_YORK).min_gap_from(jan) == 23 * HOUR
