@@ -3,6 +3,11 @@
 Every instance must compute the same slots whenever it started, so nothing here
 depends on the process: ``every`` slots sit on a grid anchored at the epoch, and cron
 and one-off slots are exact instants. No I/O, no Django database imports.
+
+The daylight-saving rules of cron jobs live here with the slot arithmetic they shape,
+and so does the preview that shows what they do to a job (:func:`preview`, :class:`Fire`,
+used by ``anarchon_jobs --next``, the admin and check anarchon.W004): one place to read
+and change them, which is why this module is longer than most.
 """
 
 from __future__ import annotations
