@@ -19,6 +19,7 @@ from django_anarchon.schedules import Cron, Every, preview
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE
+NEW_YORK = "America/New_York"
 
 
 def ms(text: str) -> int:
@@ -60,10 +61,19 @@ def test_a_gap_slot_is_found_from_the_last_instant_before_the_gap() -> None:
     assert cron.next_after(transition - 1) == transition
 
 
+def test_the_latest_slot_can_be_a_second_occurrence_hours_after_its_fold() -> None:
+    """Santiago falls back at Saturday 24:00 to 23:00; on Saturdays only, the last slot is
+    23:00 -04, the repeated hour. Catch-up asked on Sunday got 23:00 -03, an hour early."""
+    cron = Cron("0 * * * 6", "America/Santiago")
+    sunday_noon = ms("2026-04-05T12:00-04:00")
+    assert local(cron.latest_at_or_before(sunday_noon) or 0, cron.timezone) == (
+        "2026-04-04T23:00:00-04:00")
+    daily = Cron("30 1 * * *", NEW_YORK, dst_fold="both")
+    assert local(daily.latest_at_or_before(ms("2026-11-01T09:00-05:00")) or 0, NEW_YORK) == (
+        "2026-11-01T01:30:00-05:00")
+
+
 # -- the policies on fixed dates ---------------------------------------------------------
-
-NEW_YORK = "America/New_York"
-
 
 @pytest.mark.parametrize(
     ("expression", "gap", "fold", "start", "end", "fired"),
