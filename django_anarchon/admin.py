@@ -44,10 +44,12 @@ from django.utils.translation import ngettext
 from . import conf
 from .backends.base import JobInfo, RunRecord, ms_to_datetime
 from .durations import format_duration
+from .exceptions import UnknownJobError
 from .models import Run, RunAttempt, RunRequest, ScheduledJob
 from .redact import describe_backend, redact_text
 from .run_data import RunDataError, parse_run_data
 from .run_requests import file_request
+from .schedules import Fire, preview
 
 if TYPE_CHECKING:
     from .engine import Scheduler
@@ -57,6 +59,8 @@ RUN_PERMISSION = "django_anarchon.run_job"
 STRIP_LENGTH = 20
 #: How long the Jobs page waits for all stores together before showing what it has.
 READ_TIMEOUT_S = 2.0
+#: How many coming fire times a job's page lists.
+UPCOMING = 10
 #: How long a job's history is reused between page loads.
 CACHE_TTL_S = 5.0
 #: Every timestamp the admin shows: seconds (an every-5s job's rows differ) and the zone.
@@ -420,6 +424,16 @@ def _read_history(scheduler: Scheduler, job: str, limit: int) -> list[RunRecord]
 history_cache = _HistoryCache()
 
 
+def _upcoming(alias: str, job: str) -> tuple[str, list[Fire]]:
+    """A job's schedule and its next fire times, marked where DST moves them (pure, no store)."""
+    try:
+        schedule = _scheduler(alias).get_job(job).schedule
+    except UnknownJobError:
+        return "", []
+    now = int(time.time() * 1000)
+    return schedule.describe(), preview(schedule, now, UPCOMING, timezone.get_current_timezone_name())
+
+
 def _scheduler(alias: str) -> Scheduler:
     from .handler import schedulers
 
@@ -564,6 +578,7 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
         else:
             records = future.result()
         rows = [HistoryRow(r) for r in records]
+        schedule, upcoming = _upcoming(alias, job)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -571,6 +586,8 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
             "alias": alias,
             "job": job,
             "rows": rows,
+            "schedule": schedule,
+            "upcoming": upcoming,
             "error": error,
             "can_run": request.user.has_perm(RUN_PERMISSION),
         }

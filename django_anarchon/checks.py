@@ -45,6 +45,7 @@ from .jobs import (
 )
 from .redact import redact_text
 from .registry import JobSpec, registry
+from .schedules import Cron
 
 if TYPE_CHECKING:
     from .backends.database import DatabaseBackend
@@ -240,7 +241,8 @@ def job_defaults(alias: str, entry: dict[str, Any]) -> tuple[JobOptions, list[Ch
 def check_jobs(
     alias: str, entry: dict[str, Any], backend: Any, now_ms: int | None = None
 ) -> list[CheckMessage]:
-    """E004 (invalid job), E005 (the backend cannot honour it), W002 (a one-off that never runs)."""
+    """E004 (invalid job), E005 (the backend cannot honour it), W002 (a one-off that never
+    runs), W004 (a cron job that meets a DST gap or fold within a year)."""
     defaults, messages = job_defaults(alias, entry)
     if messages:
         return messages
@@ -264,7 +266,49 @@ def check_jobs(
                 hint="Move the instant into the future, raise catch_up, or delete the job.",
                 obj=name, id="anarchon.W002",
             ))
+        if isinstance(job.schedule, Cron):
+            messages.extend(check_dst(alias, job.name, job.schedule, options, now_ms))
     return messages
+
+
+_YEAR_MS = 365 * 86_400_000
+_GAP_RULES = {"shift": "fires once, at the end of the gap", "skip": "does not fire that day"}
+_FOLD_RULES = {"first": "fires at the first occurrence", "second": "fires at the second occurrence",
+               "both": "fires at both occurrences"}
+
+
+def check_dst(
+    alias: str, name: str, cron: Cron, options: dict[str, Any], now_ms: int | None = None
+) -> list[CheckMessage]:
+    """anarchon.W004: matching wall-clock times that a DST change skips or repeats this year.
+
+    Silent for every-hour expressions (they keep elapsed time) and for a kind of change
+    whose policy the job set itself: naming ``dst_gap`` or ``dst_fold`` is the choice made.
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    found = []
+    for event in cron.dst_events(now, now + _YEAR_MS):
+        option = "dst_gap" if event.kind == "gap" else "dst_fold"
+        if option in options:
+            continue
+        policy = cron.dst_gap if event.kind == "gap" else cron.dst_fold
+        rule = (_GAP_RULES if event.kind == "gap" else _FOLD_RULES)[policy]
+        times = event.first_wall.strftime("%H:%M")
+        if event.last_wall != event.first_wall:
+            times += event.last_wall.strftime(" to %H:%M")
+        kind = "does not exist" if event.kind == "gap" else "happens twice"
+        found.append(f"{event.first_wall:%Y-%m-%d} ({times} {kind}; {option}={policy!r} "
+                     f"{rule})")
+    if not found:
+        return []
+    return [Warning(
+        f"scheduler {alias!r}: the cron job {name!r} ({cron.describe()}) meets daylight-saving "
+        f"changes within a year: {'; '.join(found)}",
+        hint="If that is what you want, say so by setting dst_gap ('shift' or 'skip') or "
+             "dst_fold ('first', 'second' or 'both') on the job, which silences this; or move "
+             "the time out of the changing hours. See docs/concepts.md.",
+        obj=name, id="anarchon.W004",
+    )]
 
 
 class _ThisThreadOnly(logging.Filter):

@@ -15,12 +15,21 @@ import zoneinfo
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .backends.base import JobLimits, datetime_to_ms
 from .durations import parse_duration, parse_optional_duration
 from .exceptions import ConfigurationError
-from .schedules import Cron, Every, Once, Schedule
+from .schedules import (
+    FOLD_POLICIES,
+    GAP_POLICIES,
+    Cron,
+    Every,
+    FoldPolicy,
+    GapPolicy,
+    Once,
+    Schedule,
+)
 
 JobKind = Literal["every", "cron", "once"]
 
@@ -34,7 +43,7 @@ LEASE_OPTIONS = frozenset({"overlap", "max_attempts", "catch_up", "catch_up_mode
 #: Options of one schedule type only.
 KIND_OPTIONS: Mapping[str, frozenset[str]] = {
     "every": frozenset({"offset"}),
-    "cron": frozenset({"timezone"}),
+    "cron": frozenset({"timezone", "dst_gap", "dst_fold"}),
     "once": frozenset(),
 }
 #: Options a job on a ``once`` schedule refuses: a one-off cannot overlap itself, and has
@@ -125,7 +134,8 @@ def validate_options(
 ) -> tuple[JobOptions, dict[str, Any]]:
     """Validate ``options`` over ``base``; return the job options and the schedule options.
 
-    Schedule options (``offset``, ``timezone``) are returned apart, unparsed.
+    Schedule options (``offset``, ``timezone``, ``dst_gap``, ``dst_fold``) are returned
+    apart, unparsed.
     """
     allowed = COMMON_OPTIONS | KIND_OPTIONS[kind]
     if kind == "once":
@@ -286,13 +296,25 @@ def check_timezone(job: str, timezone: object) -> str:
     return timezone
 
 
-def make_cron(job: str, expression: object, timezone: object) -> Cron:
+def _check_choice(job: str, option: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        listed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        raise ConfigurationError(f"must be {listed}", job=job, option=option, value=value)
+    return value
+
+
+def make_cron(
+    job: str, expression: object, timezone: object, dst_gap: object = "shift",
+    dst_fold: object = "first",
+) -> Cron:
     tz = check_timezone(job, timezone)
+    gap = _check_choice(job, "dst_gap", dst_gap, GAP_POLICIES)
+    fold = _check_choice(job, "dst_fold", dst_fold, FOLD_POLICIES)
     if not isinstance(expression, str):
         raise ConfigurationError("a cron expression must be a string", job=job, option="expression",
                                  value=expression)
     try:
-        return Cron(expression, tz)
+        return Cron(expression, tz, dst_gap=cast(GapPolicy, gap), dst_fold=cast(FoldPolicy, fold))
     except ValueError as exc:
         raise ConfigurationError(f"invalid cron expression ({exc})", job=job, option="expression",
                                  value=expression) from None
@@ -381,7 +403,10 @@ def build_job(
     if kind == "every":
         schedule = make_every(job, spec, schedule_options.get("offset", 0))
     elif kind == "cron":
-        schedule = make_cron(job, spec, schedule_options.get("timezone", default_timezone))
+        schedule = make_cron(
+            job, spec, schedule_options.get("timezone", default_timezone),
+            schedule_options.get("dst_gap", "shift"), schedule_options.get("dst_fold", "first"),
+        )
     else:
         schedule = make_once(job, spec)
     return Job(name=job, schedule=schedule, handler=fn, options=opts, origin=origin)

@@ -3,6 +3,11 @@
 Every instance must compute the same slots whenever it started, so nothing here
 depends on the process: ``every`` slots sit on a grid anchored at the epoch, and cron
 and one-off slots are exact instants. No I/O, no Django database imports.
+
+The daylight-saving rules of cron jobs live here with the slot arithmetic they shape,
+and so does the preview that shows what they do to a job (:func:`preview`, :class:`Fire`,
+used by ``anarchon_jobs --next``, the admin and check anarchon.W004): one place to read
+and change them, which is why this module is longer than most.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ import math
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
@@ -22,6 +28,12 @@ from .backends.base import datetime_to_ms, ms_to_datetime
 from .durations import format_duration
 
 ScheduleType = Literal["every", "cron", "once"]
+#: What a cron job does with a matching wall-clock time that does not exist (spring forward).
+GapPolicy = Literal["shift", "skip"]
+#: Which occurrence(s) of a matching wall-clock time that happens twice (fall back) fire.
+FoldPolicy = Literal["first", "second", "both"]
+GAP_POLICIES: tuple[str, ...] = get_args(GapPolicy)
+FOLD_POLICIES: tuple[str, ...] = get_args(FoldPolicy)
 
 
 class Schedule(Protocol):
@@ -134,6 +146,80 @@ _NAMES = {
 }
 
 
+FireMark = Literal["", "shifted", "skipped", "fold: first", "fold: second"]
+
+
+@dataclass(frozen=True)
+class Fire:
+    """One line of a schedule preview: a slot, or matching wall-clock times a gap swallowed.
+
+    ``wall`` is the local wall clock of the slot (of the first swallowed time when
+    ``skipped``, whose ``at_ms`` is ``None``); ``first_moved`` and ``last_moved`` are the
+    first and last matching wall-clock times in the gap, for ``shifted`` and ``skipped``.
+    """
+
+    at_ms: int | None
+    wall: datetime
+    zone: str
+    mark: FireMark = ""
+    first_moved: datetime | None = None
+    last_moved: datetime | None = None
+
+    def local_text(self) -> str:
+        """The slot in its zone, to the second, with the zone's abbreviation."""
+        if self.at_ms is None:
+            return self.wall.strftime("%Y-%m-%d %H:%M:%S") + " (not on the clock)"
+        return ms_to_datetime(self.at_ms).astimezone(ZoneInfo(self.zone)).strftime(
+            "%Y-%m-%d %H:%M:%S %Z")
+
+    def utc_text(self) -> str:
+        return "-" if self.at_ms is None else ms_to_datetime(self.at_ms).strftime(
+            "%Y-%m-%d %H:%M:%S UTC")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"at": None if self.at_ms is None else ms_to_datetime(self.at_ms).isoformat(),
+                "local": self.local_text(), "zone": self.zone, "mark": self.mark,
+                "dst": self.label()}
+
+    def label(self) -> str:
+        """``shifted from 02:30``, ``skipped 02:00 to 02:45``, ``fold: first`` or ``""``."""
+        if self.first_moved is None:
+            return self.mark
+        moved = _span(self.first_moved, self.last_moved)
+        return f"skipped {moved}" if self.mark == "skipped" else f"shifted from {moved}"
+
+
+@dataclass(frozen=True)
+class DstEvent:
+    """A gap or fold of a cron job's zone that holds matching wall-clock times."""
+
+    kind: Literal["gap", "fold"]
+    change_ms: int
+    first_wall: datetime
+    last_wall: datetime
+
+
+def preview(schedule: Schedule, after_ms: int, n: int, zone: str = "UTC") -> list[Fire]:
+    """The next ``n`` slots of any schedule; a cron job's in its own zone, marked for DST."""
+    if isinstance(schedule, Cron):
+        return schedule.preview(after_ms, n)
+    tz = ZoneInfo(zone)
+    out: list[Fire] = []
+    slot = schedule.next_after(after_ms)
+    while slot is not None and len(out) < n:
+        wall = ms_to_datetime(slot).astimezone(tz).replace(tzinfo=None)
+        out.append(Fire(slot, wall, zone))
+        slot = schedule.next_after(slot)
+    return out
+
+
+def _span(first: datetime, last: datetime | None) -> str:
+    text = "%H:%M:%S" if first.second or (last and last.second) else "%H:%M"
+    if last is None or last == first:
+        return first.strftime(text)
+    return f"{first.strftime(text)} to {last.strftime(text)}"
+
+
 class Cron:
     """A cron expression evaluated on wall-clock time in an IANA time zone.
 
@@ -147,32 +233,44 @@ class Cron:
     resolved to real instants, because croniter's own time-zone-aware iteration fires a
     fixed-hour expression twice in a repeated hour. The DST rules:
 
-    1. Gap (spring forward): a matching wall-clock time that does not exist fires once,
-       at the first instant after the gap (the transition instant, whose wall clock is
-       the end of the gap). All matches inside one gap, and a match on the gap's end
-       itself, are one slot there. So ``30 2 * * *`` in New York on 2026-03-08 fires at
-       03:00 EDT, and ``*/15 * * * *`` fires at 01:45 EST then 03:00 EDT: 15 real minutes.
-    2. Fold (fall back): a matching wall-clock time that happens twice fires at its FIRST
-       occurrence only, unless the hour field matches all 24 hours (``*``, ``*/1``,
-       ``0-23``; e.g. ``*/15 * * * *``, ``0 * * * *``, ``@hourly``): such an expression
-       also fires at the second occurrence, so it keeps firing at real elapsed time
-       through the repeated hour. ``30 1 * * *`` in New York on 2026-11-01 fires once,
-       at 01:30 EDT; ``*/15 * * * *`` fires at 01:00, 01:15 ... EDT, then 01:00,
-       01:15 ... EST, 15 real minutes apart.
-    3. Anywhere else a wall-clock time is exactly one instant.
+    1. An expression whose hour field matches all 24 hours (``*``, ``*/1``, ``0-23``;
+       e.g. ``*/15 * * * *``, ``0 * * * *``, ``@hourly``) keeps real elapsed time, as
+       Vixie cron does for wildcard hours: a wall-clock time inside a gap does not fire
+       (the clock never shows it, and the times around it are real), and a repeated
+       wall-clock time fires at both occurrences. ``dst_gap`` and ``dst_fold`` do not
+       apply to it.
+    2. Gap (spring forward), any other expression: ``dst_gap="shift"`` (default) fires a
+       matching time that does not exist once, at the first instant after the gap (the
+       transition instant, whose wall clock is the end of the gap); all matches inside
+       one gap, and a match on the gap's end itself, are one slot there. So ``30 2 * * *``
+       in New York on 2026-03-08 fires at 03:00 EDT. ``dst_gap="skip"`` does not fire it.
+    3. Fold (fall back), any other expression: ``dst_fold="first"`` (default) fires a
+       matching time that happens twice at its first occurrence, ``"second"`` at its
+       second, ``"both"`` at both. ``30 1 * * *`` in New York on 2026-11-01 fires at
+       01:30 EDT, 01:30 EST, or both.
+    4. Anywhere else a wall-clock time is exactly one instant.
 
     An expression with no match in the next 9 years (``0 0 30 2 *``) is refused with
-    ``ValueError``, as is an unknown zone, a range that does not run forwards (``1-0``,
-    ``5-5``: croniter would read them as "every minute") and croniter's random ``R``
-    (each instance would draw its own slots). UTC-offset changes are assumed to be more than
-    6 hours apart, which holds for every zone in tzdata.
+    ``ValueError``, as is an unknown zone or policy, a range that does not run forwards
+    (``1-0``, ``5-5``: croniter would read them as "every minute") and croniter's random
+    ``R`` (each instance would draw its own slots). UTC-offset changes are assumed to be
+    more than 6 hours apart, which holds for every zone in tzdata.
     """
 
     type: ScheduleType = "cron"
 
-    def __init__(self, expression: str, timezone: str) -> None:
+    def __init__(
+        self, expression: str, timezone: str, dst_gap: GapPolicy = "shift",
+        dst_fold: FoldPolicy = "first",
+    ) -> None:
         if not isinstance(expression, str):
             raise ValueError(f"expected a string, got {type(expression).__name__}")
+        if dst_gap not in GAP_POLICIES:
+            raise ValueError(f"dst_gap must be 'shift' or 'skip', got {dst_gap!r}")
+        if dst_fold not in FOLD_POLICIES:
+            raise ValueError(f"dst_fold must be 'first', 'second' or 'both', got {dst_fold!r}")
+        self.dst_gap: GapPolicy = dst_gap
+        self.dst_fold: FoldPolicy = dst_fold
         self.expression = " ".join(expression.split())
         text = self.expression.lower()
         if text.startswith("@"):
@@ -213,6 +311,9 @@ class Cron:
             raise ValueError(f"never matches (no time in the next {_MATCH_YEARS} years)") from None
         hours = self._iter.expanded[1]
         self.every_hour = "*" in hours or set(range(24)).issubset(hours)
+        # The policies in force: an every-hour expression keeps real elapsed time.
+        self._gap: GapPolicy = "skip" if self.every_hour else dst_gap
+        self._fold: FoldPolicy = "both" if self.every_hour else dst_fold
         self._lock = threading.Lock()
         self._min_gap: float | None = None
 
@@ -227,17 +328,26 @@ class Cron:
     def _wall(self, ms: int, offset_ms: int) -> datetime:
         return _NAIVE_EPOCH + timedelta(milliseconds=ms + offset_ms)
 
+    def wall_of(self, ms: int) -> datetime:
+        """The naive local wall-clock time at instant ``ms``."""
+        return self._wall(ms, self._offset_ms(ms))
+
     def _instant(self, wall: datetime, fold: int) -> int:
         return (wall.replace(tzinfo=self.zone, fold=fold) - _EPOCH) // _MS
 
     def resolve(self, wall: datetime) -> tuple[int, ...]:
-        """The instants (epoch ms) at which a matching naive wall-clock time fires."""
+        """The instants (epoch ms) at which a matching naive wall-clock time fires, ascending.
+
+        Empty for a wall-clock time in a gap that is skipped.
+        """
         first = self._instant(wall, 0)
         second = self._instant(wall, 1)
         if first == second:
             return (first,)
         if first < second:  # fold: fold=0 is the earlier (pre-transition) reading
-            return (first, second) if self.every_hour else (first,)
+            return {"first": (first,), "second": (second,), "both": (first, second)}[self._fold]
+        if self._gap == "skip":
+            return ()
         return (self._transition(second, first),)  # gap
 
     def _transition(self, before: int, after: int) -> int:
@@ -251,6 +361,10 @@ class Cron:
             else:
                 hi = mid
         return hi
+
+    def _gap_of(self, wall: datetime) -> int:
+        """The transition instant of the gap that contains ``wall``."""
+        return self._transition(self._instant(wall, 1), self._instant(wall, 0))
 
     def _fall_back_near(self, ms: int) -> tuple[int, int, int] | None:
         """``(instant, old_offset, new_offset)`` of a fall-back within ``_WINDOW_MS`` of ``ms``.
@@ -280,28 +394,61 @@ class Cron:
             except CroniterError:
                 return
 
+    def _first_primary_after(self, start: datetime, after_ms: int) -> int | None:
+        """The first primary instant past ``after_ms`` among walls from ``start`` up."""
+        while True:
+            for wall in self._walls_up(start):
+                instants = self.resolve(wall)
+                if not instants:  # a skipped gap: go on from its end, not wall by wall
+                    change = self._gap_of(wall)
+                    start = self._wall(change, self._offset_ms(change))
+                    break
+                if instants[0] > after_ms:
+                    return instants[0]
+            else:
+                return None
+
+    def _last_primary_at_or_before(self, start: datetime, ms: int) -> int | None:
+        """The last primary instant at or before ``ms`` among walls from ``start`` down."""
+        while True:
+            for wall in self._walls_down(start):
+                instants = self.resolve(wall)
+                if not instants:  # a skipped gap: go on from just before its start
+                    change = self._gap_of(wall)
+                    start = self._wall(change - 1, self._offset_ms(change - 1))
+                    break
+                if instants[0] <= ms:
+                    return instants[0]
+            else:
+                return None
+
     # the Schedule protocol ----------------------------------------------------------
     #
-    # Every matching wall-clock time has a PRIMARY instant (its only instant, its first
-    # occurrence in a fold, or the end of its gap), non-decreasing in wall-clock order;
-    # every-hour expressions add a SECOND instant for walls in a fold. So the answer is
-    # the first (last) primary past the bound, or a second occurrence near a fall-back:
-    # a couple of croniter steps, never a scan.
+    # Every matching wall-clock time that fires has a PRIMARY instant (its only instant,
+    # its first occurrence in a fold - its second under dst_fold="second" -, or the end of
+    # its gap), non-decreasing in wall-clock order; under dst_fold="both" (and for every-hour
+    # expressions) walls in a fold add a SECOND instant. So the answer is the first (last)
+    # primary past the bound, or a second occurrence near a fall-back: a couple of croniter
+    # steps, never a scan. The walls to start from depend on the fold and gap at hand.
 
     def next_after(self, after_ms: int) -> int | None:
         first = after_ms + 1
+        offset = self._offset_ms(first)
+        start = self._wall(first, offset)
+        before = self._offset_ms(first - 1)
+        if before < offset:  # ``first`` is a spring-forward: its gap's walls resolve to it
+            start = min(start, self._wall(first - 1, before))
         fall = self._fall_back_near(first)
-        start = self._wall(first, self._offset_ms(first))
-        if fall is not None and fall[0] <= first:
-            start = max(start, self._wall(fall[0], fall[1]))  # past the fold: skip its walls
-        best: int | None = None
+        if fall is not None:
+            change, old, new = fall
+            if self._fold == "second":
+                if first <= change:  # fold walls below ``start`` fire later, at their second
+                    start = min(start, max(self._wall(first, new), self._wall(change, new)))
+            elif change <= first:
+                start = max(start, self._wall(change, old))  # past the fold: skip its walls
         with self._lock:
-            for wall in self._walls_up(start):
-                primary = self.resolve(wall)[0]
-                if primary > after_ms:
-                    best = primary
-                    break
-            if fall is not None and self.every_hour:
+            best = self._first_primary_after(start, after_ms)
+            if fall is not None and self._fold == "both":
                 change, old, new = fall
                 low = self._wall(max(change, first), new)
                 for wall in self._walls_up(low):
@@ -317,27 +464,36 @@ class Cron:
     def latest_at_or_before(self, ms: int) -> int | None:
         fall = self._fall_back_near(ms)
         start = self._wall(ms, self._offset_ms(ms))
-        if fall is not None and fall[0] <= ms:
-            start = max(start, self._wall(fall[0] - 1, fall[1]))  # every fold wall is past
-        best: int | None = None
+        if fall is not None:
+            change, old, new = fall
+            if self._fold == "second":
+                if ms < change:  # every fold wall fires later, at its second occurrence
+                    start = min(start, self._wall(change, new) - _MS)
+            elif change <= ms:
+                start = max(start, self._wall(change - 1, old))  # every fold wall is past
         with self._lock:
-            for wall in self._walls_down(start):
-                primary = self.resolve(wall)[0]
-                if primary <= ms:
-                    best = primary
-                    break
-            if fall is not None and self.every_hour and fall[0] <= ms:
-                change, old, new = fall
-                high = self._wall(min(ms, change + old - new - 1), new)
-                for wall in self._walls_down(high):
-                    if wall < self._wall(change, new):
-                        break  # before the fold
-                    second = self._instant(wall, 1)
-                    if wall <= high and second <= ms:
-                        if best is None or second > best:
+            best = self._last_primary_at_or_before(start, ms)
+            if self._fold == "both" and best is not None:
+                # A second occurrence lies within a fold's width (< _WINDOW_MS) after the
+                # first one, itself at or before ``best``: near ``ms`` or near ``best``.
+                near = {f for f in (fall, self._fall_back_near(best)) if f is not None}
+                for change, old, new in near:
+                    if change <= ms:
+                        second = self._last_second(change, old, new, ms)
+                        if second is not None and second > best:
                             best = second
-                        break
         return best
+
+    def _last_second(self, change: int, old: int, new: int, ms: int) -> int | None:
+        """The last second occurrence at or before ``ms`` of a wall in the fold at ``change``."""
+        high = self._wall(min(ms, change + old - new - 1), new)
+        for wall in self._walls_down(high):
+            if wall < self._wall(change, new):
+                return None  # before the fold
+            second = self._instant(wall, 1)
+            if wall <= high and second <= ms:
+                return second
+        return None
 
     def min_gap_ms(self) -> float:
         """Smallest real gap between consecutive slots over roughly the coming year (cached).
@@ -390,11 +546,94 @@ class Cron:
                 break
         return min((b - a for a, b in itertools.pairwise(slots)), default=math.inf)
 
+    # previews and DST events: what the rules do to this expression -----------------
+
+    def preview(self, after_ms: int, n: int) -> list[Fire]:
+        """The next ``n`` slots after ``after_ms``, each marked when a DST rule shaped it.
+
+        Matching wall-clock times that a gap swallowed (``dst_gap="skip"``, or an every-hour
+        expression) come as extra ``skipped`` entries, in order, not counted in ``n``.
+        """
+        out: list[Fire] = []
+        cursor = after_ms
+        for _ in range(n):
+            slot = self.next_after(cursor)
+            if slot is None:
+                break
+            if self._gap == "skip":
+                for change in self._changes_between(cursor, slot, gaps=True):
+                    walls = self._matches_between(*self._gap_walls(change))
+                    if walls is not None:
+                        out.append(Fire(None, walls[0], self.timezone, "skipped", *walls))
+            out.append(self._marked(slot))
+            cursor = slot
+        return out
+
+    def _marked(self, slot: int) -> Fire:
+        wall = self.wall_of(slot)
+        if self._gap == "shift" and self._offset_ms(slot - 1) < self._offset_ms(slot):
+            walls = self._matches_between(*self._gap_walls(slot))
+            if walls is not None:
+                return Fire(slot, wall, self.timezone, "shifted", *walls)
+        first, second = self._instant(wall, 0), self._instant(wall, 1)
+        if first < second:
+            return Fire(slot, wall, self.timezone, "fold: first" if slot == first else "fold: second")
+        return Fire(slot, wall, self.timezone)
+
+    def dst_events(self, start_ms: int, end_ms: int) -> list[DstEvent]:
+        """The gaps and folds in [start_ms, end_ms] that hold a matching wall-clock time.
+
+        Empty for an every-hour expression: it keeps real elapsed time, no policy applies.
+        """
+        if self.every_hour:
+            return []
+        events = []
+        for change in self._offset_changes(start_ms, end_ms):
+            old, new = self._offset_ms(change - 1), self._offset_ms(change)
+            if old < new:
+                walls = self._matches_between(*self._gap_walls(change))
+                kind: Literal["gap", "fold"] = "gap"
+            else:
+                walls = self._matches_between(self._wall(change, new), self._wall(change, old))
+                kind = "fold"
+            if walls is not None:
+                events.append(DstEvent(kind, change, walls[0], walls[1]))
+        return events
+
+    def _gap_walls(self, change: int) -> tuple[datetime, datetime]:
+        """``[start, end)`` of the wall-clock times skipped by the spring-forward at ``change``."""
+        return self._wall(change - 1, self._offset_ms(change - 1)) + _MS, self.wall_of(change)
+
+    def _matches_between(self, low: datetime, high: datetime) -> tuple[datetime, datetime] | None:
+        """The first and last matching wall-clock times in ``[low, high)``, or ``None``."""
+        with self._lock:
+            first = next(self._walls_up(low), None)
+            if first is None or first >= high:
+                return None
+            last = next(self._walls_down(high - _SECOND), first)
+        return first, max(first, last)
+
+    def _changes_between(self, after_ms: int, until_ms: int, *, gaps: bool) -> list[int]:
+        """UTC-offset changes in ``(after_ms, until_ms]`` (spring-forwards only with ``gaps``)."""
+        changes = []
+        probes = [*range(after_ms, until_ms, _WINDOW_MS * 2), until_ms]
+        for before, after in itertools.pairwise(probes):
+            old, new = self._offset_ms(before), self._offset_ms(after)
+            if old != new and (new > old or not gaps):
+                changes.append(self._transition(before, after))
+        return changes
+
     def describe(self) -> str:
-        return f'cron "{self.expression}" ({self.timezone})'
+        extra = "".join(
+            f", {name}={value}" for name, value, default in
+            (("dst_gap", self.dst_gap, "shift"), ("dst_fold", self.dst_fold, "first"))
+            if value != default
+        )
+        return f'cron "{self.expression}" ({self.timezone}{extra})'
 
     def __repr__(self) -> str:
-        return f"Cron({self.expression!r}, {self.timezone!r})"
+        return (f"Cron({self.expression!r}, {self.timezone!r}, dst_gap={self.dst_gap!r}, "
+                f"dst_fold={self.dst_fold!r})")
 
 
 def _check_fields(fields: list[str]) -> None:

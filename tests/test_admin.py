@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import itertools
 import re
 import time
 import uuid
@@ -18,7 +19,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
 from django_anarchon import admin as anarchon_admin
-from django_anarchon import every
+from django_anarchon import cron, every
 from django_anarchon.backends.base import RunRecord
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.handler import schedulers
@@ -524,3 +525,30 @@ def test_the_last_run_of_a_few_seconds_ago_says_so(viewer: Client) -> None:
     daily = daily[: daily.index("</tr>")]
     assert re.search(r">(just now|\d+ seconds? ago)</span>", daily), daily
     assert "0\xa0minutes" not in daily and "0 minutes" not in daily
+
+
+def test_job_page_lists_the_next_fire_times_marked_for_dst(viewer: Client) -> None:
+    # Any 10 March Sundays in New York hold a second Sunday of March (the spring-forward).
+    cron("30 2 * 3 0", timezone="America/New_York", name="march.skip", dst_gap="skip")(ok)
+    with override_settings(ANARCHON=TWO_SCHEDULERS):
+        response = viewer.get(f"{JOBS_URL}history/?scheduler=default&job=march.skip")
+        page = response.content.decode()
+        fires = response.context["upcoming"]
+        assert len([f for f in fires if f.at_ms is not None]) == 10
+        skipped = [f for f in fires if f.mark == "skipped"]
+        assert skipped and all(f.label() == "skipped 02:30" for f in skipped)
+        assert html.escape('cron "30 2 * 3 0" (America/New_York, dst_gap=skip)') in page
+        table = page[page.index('id="anarchon-upcoming"'):page.index('id="anarchon-history"')]
+        assert table.count('<tr class="anarchon-fire') == len(fires)
+        assert table.count("anarchon-dst") == len(skipped)
+        assert "skipped 02:30" in table and "(not on the clock)" in table and " EDT" in table
+
+
+def test_job_page_of_an_every_job_and_of_an_unknown_job(viewer: Client) -> None:
+    response = viewer.get(f"{JOBS_URL}history/?scheduler=default&job=reports.daily")
+    fires = response.context["upcoming"]
+    assert len(fires) == 10 and {f.label() for f in fires} == {""}
+    assert [b - a for a, b in itertools.pairwise(f.at_ms for f in fires)] == [3_600_000] * 9
+    unknown = viewer.get(f"{JOBS_URL}history/?scheduler=default&job=never.registered")
+    assert unknown.context["upcoming"] == [] and 'id="anarchon-upcoming"' not in (
+        unknown.content.decode())

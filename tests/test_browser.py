@@ -258,6 +258,8 @@ def test_every_admin_page_fits_1280px(site: str, page: Any) -> None:
     times = page.locator("#anarchon-history tbody tr td:first-child").all_inner_texts()
     assert all(text.endswith(" UTC") and text.count(":") == 2 for text in times), times[:3]
     assert len(set(times)) == len(times), "two rows of an every-5s job read the same time"
+    upcoming = page.locator("#anarchon-upcoming tbody tr td:nth-child(2)").all_inner_texts()
+    assert len(upcoming) == 10 and all(text.endswith(" UTC") for text in upcoming), upcoming
     failure = page.locator("details.anarchon-traceback").first
     expect(failure.locator("summary")).to_contain_text("ConnectionError: payment gateway")
     expect(failure.locator("pre")).to_be_hidden()  # one click away

@@ -11,7 +11,7 @@ import pytest
 from django.core.checks import CheckMessage, run_checks
 from django.test import override_settings
 
-from django_anarchon import at, every, scheduled
+from django_anarchon import at, cron, every, scheduled
 from django_anarchon.backends.base import JobLimits
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.checks import run_all
@@ -318,3 +318,46 @@ def test_e007_runs_only_for_the_databases_a_command_names(
     assert (message.id, message.obj) == ("anarchon.E007", "fresh")
     assert "django_anarchon_run" in message.msg
     assert message.hint == "Run `python manage.py migrate --database fresh`."
+
+
+JAN_2026 = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
+
+
+def test_w004_names_the_dates_and_the_policy_of_gaps_and_folds() -> None:
+    cron("30 2 * * *", timezone="America/New_York", name="checks.gap")(handler)
+    cron("30 1 * * *", timezone="America/New_York", name="checks.fold")(handler)
+    cron("15 2 * * *", timezone="Australia/Lord_Howe", name="checks.lord_howe")(handler)
+    with override_settings(ANARCHON=memory()):
+        messages = {m.obj: m for m in run_all(now_ms=JAN_2026)}
+    assert ids(list(messages.values())) == ["anarchon.W004"] * 3
+    assert all(not m.is_serious() for m in messages.values())
+    assert messages["checks.gap"].msg == (
+        "scheduler 'default': the cron job 'checks.gap' (cron \"30 2 * * *\" (America/New_York)) "
+        "meets daylight-saving changes within a year: 2026-03-08 (02:30 does not exist; "
+        "dst_gap='shift' fires once, at the end of the gap)")
+    assert "2026-11-01 (01:30 happens twice; dst_fold='first' fires at the first occurrence)" in (
+        messages["checks.fold"].msg)
+    assert "2026-03-08" not in messages["checks.fold"].msg
+    assert "2026-10-04 (02:15 does not exist" in messages["checks.lord_howe"].msg
+
+
+def test_w004_is_silent_for_elapsed_time_no_transitions_and_a_chosen_policy() -> None:
+    cron("*/15 * * * *", timezone="America/New_York", name="checks.quarterly")(handler)
+    cron("0 * * * *", timezone="Australia/Lord_Howe", name="checks.hourly")(handler)
+    cron("30 2 * * *", timezone="Asia/Tokyo", name="checks.tokyo")(handler)
+    cron("30 2 * * *", timezone="UTC", name="checks.utc")(handler)
+    cron("30 2 * * *", timezone="America/New_York", name="checks.chosen", dst_gap="shift")(handler)
+    cron("30 1 * * *", timezone="America/New_York", name="checks.both",
+         dst_fold="both")(handler)
+    cron("0 8 * * *", timezone="Europe/Athens", name="checks.morning")(handler)
+    with override_settings(ANARCHON=memory()):
+        assert run_all(now_ms=JAN_2026) == []
+
+
+def test_w004_when_only_the_other_policy_was_chosen() -> None:
+    cron("30 1,2 * * *", timezone="America/New_York", name="checks.half", dst_gap="skip")(handler)
+    with override_settings(ANARCHON=memory()):
+        (message,) = run_all(now_ms=JAN_2026)
+    assert message.id == "anarchon.W004"
+    assert "2026-11-01 (01:30 happens twice; dst_fold='first'" in message.msg
+    assert "2026-03-08" not in message.msg

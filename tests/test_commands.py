@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from django_anarchon import every
+from django_anarchon import cron, every
 from django_anarchon.handler import schedulers
 from django_anarchon.models import RunRequest
 from django_anarchon.registry import registry
@@ -177,3 +177,77 @@ def test_jobs_outside_jobs_py_are_found_when_imported_at_start() -> None:
     names = {item["name"] for item in json.loads(result.stdout)}
     assert {"otherjobsapp.nightly_report", "otherjobsapp.retry_invoices"} <= names
     assert "otherjobsapp.never_found" not in names  # a module nothing imports
+
+
+# -- anarchon_jobs --next: the coming slots, marked where DST moved them ------------------
+# March Sundays and November Sundays in New York always hold the spring-forward and the
+# fall-back, so the marks below appear whatever today's date: any 5 March Sundays in a row
+# hold a second Sunday of March, any 7 November slots a whole fold.
+
+def _dst_jobs() -> None:
+    cron("30 2 * 3 0", timezone="America/New_York", name="march.shift")(remember)
+    cron("30 2 * 3 0", timezone="America/New_York", name="march.skip", dst_gap="skip")(remember)
+    cron("30 1 * 11 0", timezone="America/New_York", name="november.both",
+         dst_fold="both")(remember)
+
+
+def _rows(lines: list[str], job: str) -> list[str]:
+    return [line for line in lines[2:] if line.split()[1] == job]
+
+
+def test_jobs_next_marks_shifted_skipped_and_doubled_slots() -> None:
+    _dst_jobs()
+    out, _ = run("anarchon_jobs", "--next", "7")
+    lines = out.splitlines()
+    assert lines[0].split() == ["SCHEDULER", "JOB", "LOCAL", "TIME", "UTC", "DST"]
+    rows = _rows(lines, "march.shift")[:5]
+    shifted = [row for row in rows if row.endswith("shifted from 02:30")]
+    assert shifted and all("03:00:00 EDT" in row and "07:00:00 UTC" in row for row in shifted)
+    assert all(row in shifted or " 02:30:00 E" in row for row in rows)
+    skip = _rows(lines, "march.skip")
+    skipped = [row.split() for row in skip if row.endswith("skipped 02:30")]
+    assert skipped and len(skip) == 7 + len(skipped)  # skipped times are extra lines
+    assert all(row[3:8] == ["02:30:00", "(not", "on", "the", "clock)"] and row[8] == "-"
+               for row in skipped)
+    marks = [" ".join(row.split()[-2:]) for row in _rows(lines, "november.both")]
+    assert "fold: first" in marks
+    for at, mark in enumerate(marks):
+        if mark == "fold: first":
+            assert marks[at + 1] == "fold: second"
+    # every job is listed; an `every` job has no marks
+    assert _rows(lines, "stock.sync")[0].endswith(" UTC")
+
+
+def test_jobs_next_of_one_job_and_as_json() -> None:
+    _dst_jobs()
+    out, _ = run("anarchon_jobs", "--next", "2", "stock.report", "--scheduler", "default")
+    assert [line.split()[1] for line in out.splitlines()[2:]] == ["stock.report"] * 2
+    items = json.loads(run("anarchon_jobs", "--next", "7", "november.both", "--json")[0])
+    assert [item["name"] for item in items] == ["november.both"]
+    assert items[0]["schedule"] == 'cron "30 1 * 11 0" (America/New_York, dst_fold=both)'
+    marks = [fire["mark"] for fire in items[0]["next"]]
+    first = marks.index("fold: first")
+    fold = items[0]["next"][first:first + 2]
+    assert [f["local"][11:] for f in fold] == ["01:30:00 EDT", "01:30:00 EST"]
+    assert [f["at"][11:] for f in fold] == ["05:30:00+00:00", "06:30:00+00:00"]
+
+
+def test_jobs_shows_the_dst_options_when_set() -> None:
+    _dst_jobs()
+    out, _ = run("anarchon_jobs")
+    assert 'cron "30 2 * 3 0" (America/New_York, dst_gap=skip)' in out
+    assert 'cron "30 2 * 3 0" (America/New_York)  ' in out
+
+
+def test_jobs_next_refuses_bad_input_in_one_line() -> None:
+    with pytest.raises(CommandError, match=r"^unknown job 'nope'; known jobs: mail.send, stock"):
+        run("anarchon_jobs", "--next", "3", "nope")
+    for n in ("0", "1001", "many"):
+        with pytest.raises(CommandError, match=f"argument --next: expected a whole number from "
+                                               f"1 to 1,000, got '{n}'"):
+            run("anarchon_jobs", "--next", n)
+
+
+def test_jobs_of_one_job_without_next() -> None:
+    out, _ = run("anarchon_jobs", "stock.report")
+    assert [line.split()[:2] for line in out.splitlines()[2:]] == [["default", "stock.report"]]

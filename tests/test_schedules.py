@@ -187,7 +187,7 @@ ENUMERATED = [
 
 
 def expected_slots(expression: str, every_hour: bool, zone: str, start: int, end: int) -> list[int]:
-    """The rules applied by hand to every real minute in [start, end) and every wall minute."""
+    """The default rules applied by hand to every real minute in [start, end) and wall minute."""
     tz = ZoneInfo(zone)
     occurrences: dict[datetime, list[int]] = {}
     for minute in range(start, end, MINUTE):
@@ -199,10 +199,11 @@ def expected_slots(expression: str, every_hour: bool, zone: str, start: int, end
     while wall <= walls[-1]:
         if croniter.match(expression, wall):
             seen = occurrences.get(wall)
-            if seen is None:  # in a gap: the first real minute whose wall clock is later
-                fired.add(min(m for w, ms_ in occurrences.items() if w > wall for m in ms_))
-            else:
+            if seen is not None:
                 fired.update(seen if every_hour else seen[:1])
+            elif not every_hour:  # in a gap: the first real minute after it (an every-hour
+                # expression keeps real time instead: nothing fires in the gap)
+                fired.add(min(m for w, ms_ in occurrences.items() if w > wall for m in ms_))
         wall += timedelta(minutes=1)
     return sorted(fired)
 
@@ -375,7 +376,8 @@ def test_make_cron_names_job_option_and_value() -> None:
         ("0 8 * * 1-5", ATHENS, DAY),
         ("0 9 * * *", NEW_YORK, 23 * HOUR),  # the spring-forward day is 23 hours long
         ("0 9 * * *", "UTC", DAY),
-        ("59 * * * *", NEW_YORK, MINUTE),  # 01:59 EST, then 02:59 (gap) fires at 03:00 EDT
+        ("59 * * * *", NEW_YORK, HOUR),  # 01:59 EST, then 03:59 EDT: 02:59 (gap) does not fire
+        ("59 1,2 * * *", NEW_YORK, MINUTE),  # 01:59 EST, then 02:59 (gap) fires at 03:00 EDT
         ("0 0,23 * * *", "UTC", HOUR),
         ("0 0 1 1 *", "UTC", 365 * DAY),
         ("0 0 29 2 *", "UTC", 4 * 365 * DAY + DAY),
