@@ -189,11 +189,7 @@ def validate_options(
         if values["catch_up_ms"] != DEFAULTS.catch_up_ms:
             asked.add("catch_up")
     if "catch_up_mode" in options:
-        mode = options["catch_up_mode"]
-        if mode not in CATCH_UP_MODES:
-            raise ConfigurationError(
-                "must be 'latest', 'all' or 'none'", job=job, option="catch_up_mode", value=mode
-            )
+        mode = _check_choice(job, "catch_up_mode", options["catch_up_mode"], CATCH_UP_MODES)
         values["catch_up_mode"] = mode
         if mode != DEFAULTS.catch_up_mode:
             asked.add("catch_up_mode")

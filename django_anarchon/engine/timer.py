@@ -135,7 +135,9 @@ class Timer:
                     heapq.heappop(self._heap)  # drop replaced or cancelled entries
                 delay = MAX_SLEEP_S
                 if self._heap:
-                    delay = min(max((self._heap[0][0] - now_ms()) / 1000, 0), MAX_SLEEP_S)
+                    # In nanoseconds: a whole-ms clock would wake up to 1 ms late.
+                    left_ns = self._heap[0][0] * 1_000_000 - time.time_ns()
+                    delay = min(max(left_ns / 1e9, 0), MAX_SLEEP_S)
                 self._wake.clear()
                 if delay > 0:
                     try:
