@@ -17,7 +17,14 @@ from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.contrib.prometheus import METRIC_NAMES, register
 from django_anarchon.engine import JobContext, Scheduler
 
-from .test_engine_support import Calls, LoopThread, iso_in, now_ms, wait_for
+from .test_engine_support import (
+    Calls,
+    ClaimOnlyMemoryBackend,
+    LoopThread,
+    iso_in,
+    now_ms,
+    wait_for,
+)
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -150,3 +157,28 @@ def test_unregister_stops_counting() -> None:
     register(s, registry)  # the same registry again: the same metrics, no duplicate error
     s.run_now("ok")
     assert value(registry, "anarchon_runs_total", job="ok", status="success") == 1
+
+
+async def test_claim_only_store_counts_won_and_lost() -> None:
+    backend = ClaimOnlyMemoryBackend()
+    schedulers = [Scheduler(backend, instance_id=i) for i in "AB"]
+    registry = CollectorRegistry()  # one registry, one scheduler alias: the sum of both
+    when = iso_in(200)
+    for s in schedulers:
+        s.at("once", when, lambda ctx: None)
+        register(s, registry)
+    for s in schedulers:
+        await s.start()
+    try:
+        await wait_for(
+            lambda: value(registry, "anarchon_claims_total", job="once", outcome="won")
+            + value(registry, "anarchon_claims_total", job="once", outcome="lost") == 2
+            and value(registry, "anarchon_runs_total", job="once", status="success") == 1,
+            10,
+            "both claims answered and the run done",
+        )
+    finally:
+        for s in schedulers:
+            await s.stop(grace=2)
+    assert value(registry, "anarchon_claims_total", job="once", outcome="won") == 1
+    assert value(registry, "anarchon_claims_total", job="once", outcome="lost") == 1
