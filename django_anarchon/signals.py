@@ -12,6 +12,7 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 __all__ = [
+    "run_claimed",
     "run_failed",
     "run_interrupted",
     "run_lost",
@@ -28,3 +29,5 @@ run_interrupted = Signal()
 run_skipped = Signal()
 run_lost = Signal()
 scheduler_error = Signal()
+#: Each answer of the store to a claim (``event.reason``): what metrics count as claim outcomes.
+run_claimed = Signal()

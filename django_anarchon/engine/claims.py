@@ -272,6 +272,8 @@ class ClaimFlows:
                     self._claim_only(job, slot, inputs[i], None if won is None else True),
                     f"{job.name}@{iso(slot)}",
                 )
+            else:
+                await host.emit_event("claim", job, slot, reason="lost")
 
     def catch_up(self, job: Job, now: int, armed: int | None) -> None:
         """At start: claim the slots missed before ``armed`` (the timer's first), as catch-up.
@@ -384,6 +386,7 @@ class ClaimFlows:
                 if not host.stopping:
                     await host.emit_event("skip", job, slot, reason="late")
                 return
+        await host.emit_event("claim", job, slot, reason="won" if won else "lost")
         if not won:
             return
         record_claim = getattr(host.backend, "record_claim", None)
@@ -453,6 +456,7 @@ class ClaimFlows:
             return
         while True:
             kind = outcome.kind
+            await host.emit_event("claim", job, claim.slot, reason=kind)
             next_outcome: ClaimOutcome | None
             if kind == "won":
                 attempt = Attempt(

@@ -23,8 +23,12 @@ __all__ = ["EVENTS", "Event", "EventName", "EventRegistry"]
 
 logger = logging.getLogger("django_anarchon")
 
-EventName = Literal["start", "success", "failure", "interrupted", "skip", "lost", "error"]
-EVENTS: tuple[str, ...] = ("start", "success", "failure", "interrupted", "skip", "lost", "error")
+EventName = Literal[
+    "start", "success", "failure", "interrupted", "skip", "lost", "error", "claim"
+]
+EVENTS: tuple[str, ...] = (
+    "start", "success", "failure", "interrupted", "skip", "lost", "error", "claim"
+)
 
 _SIGNALS: dict[str, Signal] = {
     "start": signals.run_started,
@@ -34,6 +38,7 @@ _SIGNALS: dict[str, Signal] = {
     "skip": signals.run_skipped,
     "lost": signals.run_lost,
     "error": signals.scheduler_error,
+    "claim": signals.run_claimed,
 }
 
 Callback = Callable[["Event"], Any]
@@ -45,6 +50,8 @@ class Event:
 
     ``record`` is the attempt (``status == "running"`` on ``start``); ``error`` the error
     text; ``reason`` why (a skip's ``late``/``overlap``, a run's ``takeover``/``stop``...).
+    A ``claim`` event's ``reason`` is the store's answer: ``won``, ``lost`` (a claim-only
+    store's no), ``running``, ``done``, ``early``, ``late``, ``overlap``, or ``error``.
     """
 
     name: EventName

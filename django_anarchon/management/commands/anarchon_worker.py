@@ -29,6 +29,7 @@ from django_anarchon.jobs import check_instance_id
 from django_anarchon.redact import describe_backend
 
 from ._output import chosen_aliases, store_errors
+from ._probes import HealthServer, check_port, start_metrics_server, url
 
 if TYPE_CHECKING:
     from django_anarchon.engine import Scheduler
@@ -63,6 +64,22 @@ class Command(BaseCommand):
         parser.add_argument(
             "--health-file", metavar="PATH",
             help="Touch PATH every few seconds while the worker is healthy (a liveness probe).",
+        )
+        parser.add_argument(
+            "--metrics-port", metavar="PORT",
+            help="Serve Prometheus metrics on PORT at /metrics (needs the [prometheus] extra).",
+        )
+        parser.add_argument(
+            "--metrics-address", metavar="ADDR", default="0.0.0.0",
+            help="The address --metrics-port listens on (default 0.0.0.0).",
+        )
+        parser.add_argument(
+            "--health-port", metavar="PORT",
+            help="Answer /livez and /readyz on PORT (Kubernetes liveness and readiness probes).",
+        )
+        parser.add_argument(
+            "--health-address", metavar="ADDR", default="0.0.0.0",
+            help="The address --health-port listens on (default 0.0.0.0).",
         )
 
     def check(self, *args: Any, **kwargs: Any) -> None:
@@ -100,15 +117,33 @@ class Command(BaseCommand):
                 raise CommandError("--spool: expected a directory")
             overrides["spool"] = options["spool"]
         health = None if options["health_file"] is None else _probe_path(options["health_file"])
+        metrics_port = health_port = None
+        if options["metrics_port"] is not None:
+            metrics_port = check_port(options["metrics_port"], "--metrics-port")
+        if options["health_port"] is not None:
+            health_port = check_port(options["health_port"], "--health-port")
         try:
             schedulers = [build_scheduler(alias, **overrides) for alias in aliases]
         except AnarchonError as exc:
             raise CommandError(str(exc)) from exc
         self._setup_logging(int(options["verbosity"]))
+        endpoints: list[str] = []
+        metrics_server = None
+        if metrics_port is not None:
+            address = options["metrics_address"]
+            metrics_server, bound = start_metrics_server(schedulers, address, metrics_port)
+            endpoints.append(f"  metrics {url(address, bound, '/metrics')}")
+        worker = Worker(schedulers, grace_ms, health, self.stdout.write)
+        worker.endpoints = endpoints
+        if health_port is not None:
+            worker.health_at = (options["health_address"], health_port)
         runner = asyncio.Runner()
         try:
-            runner.run(Worker(schedulers, grace_ms, health, self.stdout.write).run())
+            runner.run(worker.run())
         finally:
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
             clean = _close_loop(runner)
         if not clean or any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
             # A handler that ignored its abort signal (a thread) or its cancellation (a
@@ -196,9 +231,17 @@ class Worker:
         self.write = write
         self.stopping = asyncio.Event()
         self.signals = 0
+        self.endpoints: list[str] = []  # banner lines of the HTTP endpoints
+        self.health_at: tuple[str, int] | None = None
+        self.health: HealthServer | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.health_at is not None:  # before anything starts: a taken port stops us at once
+            self.health = HealthServer(self.schedulers, self.stopping.is_set)
+            address, port = self.health_at
+            bound = await self.health.start(address, port)
+            self.endpoints.append(f"  health {url(address, bound, '/livez')} and /readyz")
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
         for scheduler in self.schedulers:
@@ -217,6 +260,8 @@ class Worker:
                 except CommandError as exc:  # not an outage (those are waited for)
                     failure = exc
                     break
+                if self.health is not None and scheduler.running:
+                    self.health.started.add(scheduler.name)
                 if self.stopping.is_set():
                     break
             else:
@@ -247,6 +292,8 @@ class Worker:
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+            if self.health is not None:
+                await self.health.close()
         logger.info("stopped")
         if failure is not None:
             raise failure
@@ -273,6 +320,8 @@ class Worker:
             for info in scheduler.jobs():
                 next_run = info.next_run_at.isoformat() if info.next_run_at else "never"
                 self.write(f"  {info.name:<40} {info.schedule:<40} next run {next_run}")
+        for line in self.endpoints:
+            self.write(line)
         self.write("Press Ctrl+C (SIGINT) or send SIGTERM to stop gracefully.")
 
     async def _touch_health(self) -> None:

@@ -1,0 +1,1 @@
+"""Integrations that need an optional extra; each imports its dependency only in its module."""
