@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from .backends.base import JobLimits, datetime_to_ms
+from .backends.base import JobLimits, OverlapPolicy, datetime_to_ms
 from .durations import parse_duration, parse_optional_duration
 from .exceptions import ConfigurationError
 from .schedules import Cron, Every, Once, Schedule
@@ -27,10 +27,10 @@ JobKind = Literal["every", "cron", "once"]
 #: Options every job takes.
 COMMON_OPTIONS = frozenset(
     {"jitter", "max_late", "history_size", "history_ttl", "timeout", "overlap", "max_attempts",
-     "catch_up", "data"}
+     "catch_up", "data", "buffer_limit"}
 )
 #: Options that only make sense on a store with leases.
-LEASE_OPTIONS = frozenset({"overlap", "max_attempts", "catch_up"})
+LEASE_OPTIONS = frozenset({"overlap", "max_attempts", "catch_up", "buffer_limit"})
 #: Options of one schedule type only.
 KIND_OPTIONS: Mapping[str, frozenset[str]] = {
     "every": frozenset({"offset"}),
@@ -38,7 +38,13 @@ KIND_OPTIONS: Mapping[str, frozenset[str]] = {
     "once": frozenset(),
 }
 #: Options a job on a ``once`` schedule refuses: a one-off cannot overlap itself.
-NOT_FOR_ONCE = frozenset({"overlap"})
+NOT_FOR_ONCE = frozenset({"overlap", "buffer_limit"})
+#: What ``overlap`` accepts: what a slot does when another slot of its job is running.
+OVERLAP_POLICIES: tuple[OverlapPolicy, ...] = (
+    "skip", "allow", "buffer_one", "buffer_all", "cancel_other"
+)
+#: Bounds of ``buffer_limit`` (overlap "buffer_all"): the store holds that many slots.
+MAX_BUFFER_LIMIT = 1_000
 
 Handler = Callable[..., Any]
 
@@ -68,7 +74,9 @@ class JobOptions:
     history_size: int = 100
     history_ttl_ms: int | None = None
     timeout_ms: int | None = None
-    overlap: Literal["skip", "allow"] = "skip"
+    overlap: OverlapPolicy = "skip"
+    #: overlap "buffer_all": how many slots the store holds waiting, oldest first.
+    buffer_limit: int = 10
     max_attempts: int = 1
     catch_up_ms: int = 0
     data: Any = None
@@ -149,13 +157,26 @@ def validate_options(
             options["timeout"], job=job, option="timeout", allow_zero=False
         )
     if "overlap" in options:
-        if options["overlap"] not in ("skip", "allow"):
+        if options["overlap"] not in OVERLAP_POLICIES:
             raise ConfigurationError(
-                "must be 'skip' or 'allow'", job=job, option="overlap", value=options["overlap"]
+                "must be one of " + ", ".join(repr(p) for p in OVERLAP_POLICIES),
+                job=job, option="overlap", value=options["overlap"],
             )
         values["overlap"] = options["overlap"]
         if options["overlap"] != DEFAULTS.overlap:
             asked.add("overlap")
+    if "buffer_limit" in options:
+        overlap = values.get("overlap", base.overlap)
+        if overlap != "buffer_all":
+            raise ConfigurationError(
+                f"only applies with overlap 'buffer_all' (this job's overlap is {overlap!r})",
+                job=job, option="buffer_limit", value=options["buffer_limit"],
+            )
+        values["buffer_limit"] = _positive_int(
+            job, "buffer_limit", options["buffer_limit"], maximum=MAX_BUFFER_LIMIT
+        )
+        if values["buffer_limit"] != DEFAULTS.buffer_limit:
+            asked.add("buffer_limit")
     if "max_attempts" in options:
         values["max_attempts"] = _positive_int(
             job, "max_attempts", options["max_attempts"], maximum=MAX_ATTEMPTS

@@ -12,6 +12,8 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 __all__ = [
+    "run_buffered",
+    "run_cancelled",
     "run_failed",
     "run_interrupted",
     "run_lost",
@@ -27,4 +29,8 @@ run_failed = Signal()
 run_interrupted = Signal()
 run_skipped = Signal()
 run_lost = Signal()
+#: overlap "buffer_one"/"buffer_all": a slot waits in the store for its job's running slot.
+run_buffered = Signal()
+#: overlap "cancel_other": this instance's claim cancelled the run of an earlier slot.
+run_cancelled = Signal()
 scheduler_error = Signal()

@@ -23,8 +23,12 @@ __all__ = ["EVENTS", "Event", "EventName", "EventRegistry"]
 
 logger = logging.getLogger("django_anarchon")
 
-EventName = Literal["start", "success", "failure", "interrupted", "skip", "lost", "error"]
-EVENTS: tuple[str, ...] = ("start", "success", "failure", "interrupted", "skip", "lost", "error")
+EventName = Literal[
+    "start", "success", "failure", "interrupted", "skip", "lost", "error", "buffer", "cancel"
+]
+EVENTS: tuple[str, ...] = (
+    "start", "success", "failure", "interrupted", "skip", "lost", "error", "buffer", "cancel"
+)
 
 _SIGNALS: dict[str, Signal] = {
     "start": signals.run_started,
@@ -34,6 +38,8 @@ _SIGNALS: dict[str, Signal] = {
     "skip": signals.run_skipped,
     "lost": signals.run_lost,
     "error": signals.scheduler_error,
+    "buffer": signals.run_buffered,
+    "cancel": signals.run_cancelled,
 }
 
 Callback = Callable[["Event"], Any]
@@ -45,6 +51,8 @@ class Event:
 
     ``record`` is the attempt (``status == "running"`` on ``start``); ``error`` the error
     text; ``reason`` why (a skip's ``late``/``overlap``, a run's ``takeover``/``stop``...).
+    ``buffer``: the slot waits in the store for the run of another slot (``reason`` says
+    which); ``cancel``: ``slot`` is the run this instance's claim cancelled.
     """
 
     name: EventName

@@ -380,6 +380,7 @@ class Scheduler:
                     "overlap": options.overlap,
                     "max_attempts": options.max_attempts,
                     "catch_up": options.catch_up_ms,
+                    "buffer_limit": options.buffer_limit,
                 }.get(option),
             )
             raise ConfigurationError(
@@ -854,6 +855,12 @@ class Scheduler:
     def runs_here(self, job: str, slot: int) -> bool:
         return any(a.job.name == job and a.slot == slot for a in list(self._attempts))
 
+    def cancel_here(self, job: str, slot: int, reason: str) -> None:
+        """A ``cancel_other`` claim fenced the run of (job, slot): abort its attempts here."""
+        for attempt in list(self._attempts):
+            if attempt.job.name == job and attempt.slot == slot and attempt.lease:
+                attempt.cancel(reason)
+
     async def run_attempt(self, attempt: Attempt) -> RunRecord:
         """Run an attempt here; a sync one holds a unit of the pool's capacity meanwhile."""
         self._attempts.add(attempt)
@@ -862,6 +869,8 @@ class Scheduler:
                 return await self._runner.run(attempt)
         finally:
             self._attempts.discard(attempt)
+            if attempt.lease:
+                self._claims.run_ended(attempt.job.name)
 
     # -- manual runs and history --------------------------------------------------------
 

@@ -157,6 +157,7 @@ from ._base import AnyBackend, BackendFactory, assert_one_winner_each, count_win
 from .claims import RepeatSafetyTests
 from .history import HistoryTests
 from .leases import LeaseTests
+from .overlap import OverlapTests
 from .race import RaceTests, race_in_processes, race_in_threads
 
 __all__ = [
@@ -171,7 +172,7 @@ __all__ = [
 ]
 
 
-class BackendContract(RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests):
+class BackendContract(RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests, OverlapTests):
     """The contract every backend must pass; subclass it with a ``make_backend`` fixture.
 
     See the package docstring for the how-to and the tuning attributes.
