@@ -180,3 +180,14 @@ def test_claim_only_stores_refuse_the_lease_policies(overlap: str) -> None:
     with pytest.raises(ConfigurationError, match="needs a backend with leases") as info:
         s.every("job", "1s", lambda ctx: None, overlap=overlap)
     assert overlap in str(info.value) and "job" in str(info.value)
+
+
+@pytest.mark.parametrize("strategy", ["stream-id", "script"])
+def test_redis_without_leases_refuses_the_lease_policies(strategy: str) -> None:
+    """Building the backend connects to nothing: the refusal comes at registration."""
+    from django_anarchon.backends.redis import RedisBackend
+
+    s = Scheduler(RedisBackend(url="redis://127.0.0.1:6379/0", strategy=strategy), instance_id="A")
+    for overlap in ("buffer_one", "buffer_all", "cancel_other"):
+        with pytest.raises(ConfigurationError, match="needs a backend with leases"):
+            s.every(f"job-{overlap}", "1s", lambda ctx: None, overlap=overlap)
