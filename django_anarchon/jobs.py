@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from .backends.base import JobLimits, datetime_to_ms
+from .backends.base import JobLimits, OverlapPolicy, datetime_to_ms
 from .durations import parse_duration, parse_optional_duration
 from .exceptions import ConfigurationError
 from .schedules import (
@@ -36,10 +36,12 @@ JobKind = Literal["every", "cron", "once"]
 #: Options every job takes.
 COMMON_OPTIONS = frozenset(
     {"jitter", "max_late", "history_size", "history_ttl", "timeout", "overlap", "max_attempts",
-     "catch_up", "catch_up_mode", "catch_up_limit", "data"}
+     "catch_up", "catch_up_mode", "catch_up_limit", "data", "buffer_limit"}
 )
 #: Options that only make sense on a store with leases.
-LEASE_OPTIONS = frozenset({"overlap", "max_attempts", "catch_up", "catch_up_mode", "catch_up_limit"})
+LEASE_OPTIONS = frozenset(
+    {"overlap", "buffer_limit", "max_attempts", "catch_up", "catch_up_mode", "catch_up_limit"}
+)
 #: Options of one schedule type only.
 KIND_OPTIONS: Mapping[str, frozenset[str]] = {
     "every": frozenset({"offset"}),
@@ -48,11 +50,17 @@ KIND_OPTIONS: Mapping[str, frozenset[str]] = {
 }
 #: Options a job on a ``once`` schedule refuses: a one-off cannot overlap itself, and has
 #: only one slot to catch up.
-NOT_FOR_ONCE = frozenset({"overlap", "catch_up_limit"})
+NOT_FOR_ONCE = frozenset({"overlap", "buffer_limit", "catch_up_limit"})
 CatchUpMode = Literal["latest", "all", "none"]
 CATCH_UP_MODES: tuple[CatchUpMode, ...] = ("latest", "all", "none")
 #: The most missed slots one start runs with ``catch_up_mode="all"``.
 MAX_CATCH_UP_LIMIT = 1_000
+#: What ``overlap`` accepts: what a slot does when another slot of its job is running.
+OVERLAP_POLICIES: tuple[OverlapPolicy, ...] = (
+    "skip", "allow", "buffer_one", "buffer_all", "cancel_other"
+)
+#: Bounds of ``buffer_limit`` (overlap "buffer_all"): the store holds that many slots.
+MAX_BUFFER_LIMIT = 1_000
 
 Handler = Callable[..., Any]
 
@@ -82,7 +90,9 @@ class JobOptions:
     history_size: int = 100
     history_ttl_ms: int | None = None
     timeout_ms: int | None = None
-    overlap: Literal["skip", "allow"] = "skip"
+    overlap: OverlapPolicy = "skip"
+    #: overlap "buffer_all": how many slots the store holds waiting, oldest first.
+    buffer_limit: int = 10
     max_attempts: int = 1
     catch_up_ms: int = 0
     catch_up_mode: CatchUpMode = "latest"
@@ -171,13 +181,26 @@ def validate_options(
             options["timeout"], job=job, option="timeout", allow_zero=False
         )
     if "overlap" in options:
-        if options["overlap"] not in ("skip", "allow"):
+        if options["overlap"] not in OVERLAP_POLICIES:
             raise ConfigurationError(
-                "must be 'skip' or 'allow'", job=job, option="overlap", value=options["overlap"]
+                "must be one of " + ", ".join(repr(p) for p in OVERLAP_POLICIES),
+                job=job, option="overlap", value=options["overlap"],
             )
         values["overlap"] = options["overlap"]
         if options["overlap"] != DEFAULTS.overlap:
             asked.add("overlap")
+    if "buffer_limit" in options:
+        overlap = values.get("overlap", base.overlap)
+        if overlap != "buffer_all":
+            raise ConfigurationError(
+                f"only applies with overlap 'buffer_all' (this job's overlap is {overlap!r})",
+                job=job, option="buffer_limit", value=options["buffer_limit"],
+            )
+        values["buffer_limit"] = _positive_int(
+            job, "buffer_limit", options["buffer_limit"], maximum=MAX_BUFFER_LIMIT
+        )
+        if values["buffer_limit"] != DEFAULTS.buffer_limit:
+            asked.add("buffer_limit")
     if "max_attempts" in options:
         values["max_attempts"] = _positive_int(
             job, "max_attempts", options["max_attempts"], maximum=MAX_ATTEMPTS

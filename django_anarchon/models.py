@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .backends.base import ms_to_datetime
 
-__all__ = ["JobLock", "Run", "RunAttempt", "RunRequest", "ScheduledJob"]
+__all__ = ["BufferedSlot", "JobLock", "Run", "RunAttempt", "RunRequest", "ScheduledJob"]
 
 
 class RunState(models.TextChoices):
@@ -30,6 +30,17 @@ class RunStatus(models.TextChoices):
     SUCCESS = "success", _("success")
     FAILED = "failed", _("failed")
     INTERRUPTED = "interrupted", _("interrupted")
+
+
+class RunLeaseStatus(models.TextChoices):
+    """A run lease's last status: an attempt's, or ``cancelled`` (overlap "cancel_other")."""
+
+    RUNNING = "running", _("running")
+    SUCCESS = "success", _("success")
+    FAILED = "failed", _("failed")
+    INTERRUPTED = "interrupted", _("interrupted")
+    #: A later slot's claim fenced it: never retried, its old token refused everywhere.
+    CANCELLED = "cancelled", _("cancelled")
 
 
 class RunReason(models.TextChoices):
@@ -66,7 +77,8 @@ class Run(models.Model):
     )
     state = models.CharField(_("state"), max_length=16, choices=RunState.choices)
     status = models.CharField(
-        _("last attempt status"), max_length=16, choices=RunStatus.choices, null=True, blank=True
+        _("last attempt status"), max_length=16, choices=RunLeaseStatus.choices, null=True,
+        blank=True,
     )
     reason = models.CharField(_("reason"), max_length=16, choices=RunReason.choices)
     manual = models.BooleanField(_("manual"), default=False)
@@ -109,6 +121,31 @@ class Run(models.Model):
     @property
     def lease_until(self) -> datetime:
         return ms_to_datetime(self.lease_until_ms)
+
+
+class BufferedSlot(models.Model):
+    """A slot that waits for its job's running slot (overlap "buffer_one"/"buffer_all").
+
+    Kept in the store so that every instance sees the same buffer; ``hold_until_ms`` is
+    pushed on by each waiting instance's claim, and a slot whose waiters all went away is
+    dropped once it passes.
+    """
+
+    job = models.CharField(_("job"), max_length=255)
+    slot = models.BigIntegerField(_("slot"), help_text=_("Scheduled instant, epoch milliseconds."))
+    hold_until_ms = models.BigIntegerField(
+        _("held until"), help_text=_("Epoch milliseconds on the database server's clock.")
+    )
+
+    class Meta:
+        verbose_name = _("buffered slot")
+        verbose_name_plural = _("buffered slots")
+        constraints = [
+            models.UniqueConstraint(fields=["job", "slot"], name="anarchon_buffered_job_slot"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} @ {_utc(ms_to_datetime(self.slot))}"
 
 
 class RunAttempt(models.Model):

@@ -12,6 +12,8 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 __all__ = [
+    "run_buffered",
+    "run_cancelled",
     "run_claimed",
     "run_failed",
     "run_interrupted",
@@ -28,6 +30,10 @@ run_failed = Signal()
 run_interrupted = Signal()
 run_skipped = Signal()
 run_lost = Signal()
+#: overlap "buffer_one"/"buffer_all": a slot waits in the store for its job's running slot.
+run_buffered = Signal()
+#: overlap "cancel_other": this instance's claim cancelled the run of an earlier slot.
+run_cancelled = Signal()
 scheduler_error = Signal()
 #: Each answer of the store to a claim (``event.reason``): what metrics count as claim outcomes.
 run_claimed = Signal()

@@ -102,6 +102,33 @@ async def test_all_runs_the_newest_missed_slots_once_oldest_first_across_instanc
         assert after["start"] >= ends[before["slot"]], (before, after)
 
 
+@pytest.mark.parametrize("overlap", ["cancel_other", "buffer_one"])
+async def test_catch_up_slots_neither_cancel_nor_buffer_one_another(overlap: str) -> None:
+    """Two instances walk the same missed slots: with ``cancel_other`` the second's claim
+    of the next slot would cancel the first's run, were catch-up claims not waiting."""
+    backend = MemoryBackend()
+    calls = Calls()
+    schedulers = []
+    for name in "AB":
+        s = Scheduler(backend, instance_id=name)
+        s.every("report", "1s", _recorder(calls), max_late="100ms", catch_up="30s",
+                catch_up_mode="all", catch_up_limit=3, overlap=overlap)
+        schedulers.append(s)
+    await _clear_of_a_slot()
+    for s in schedulers:
+        await s.start()
+    try:
+        await wait_for(lambda: len([c for c in calls.items if "end_of" in c]) >= 3, 10,
+                       "three catch-up runs to end")
+        await wait_for(lambda: not any(s.jobs()[0].running_here for s in schedulers), 5,
+                       "the runs to end")
+        history = await schedulers[0].ahistory("report", limit=100)
+    finally:
+        await stop_all(*schedulers)
+    caught = [r for r in history if r.reason == "catch-up"]
+    assert len(caught) == 3 and {r.status for r in caught} == {"success"}, caught
+
+
 async def test_all_reaches_the_store_windows_far_end_from_a_worker_ahead(skew: Any) -> None:
     """5 s ahead, a window counted on the worker's clock would miss its oldest 5 s."""
     skew(5_000)

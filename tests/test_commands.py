@@ -81,6 +81,8 @@ def test_jobs_json_includes_the_last_run() -> None:
     assert items["stock.report"]["last_run"]["instance_id"] == "cli-1"
     assert items["stock.sync"]["last_run"] is None
     assert items["stock.sync"]["next_run_at"].endswith("+00:00")
+    options = items["stock.sync"]["options"]
+    assert (options["overlap"], options["buffer_limit"]) == ("skip", 10)
 
 
 def test_run_runs_here_with_data() -> None:

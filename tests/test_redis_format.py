@@ -238,6 +238,30 @@ def test_the_previous_release_works_on_format_2_runs(
     run(make, body)
 
 
+def test_the_previous_release_reads_a_cancelled_run_as_done(
+    make: Callable[[], RedisProtocolBackend],
+) -> None:
+    """overlap cancel_other: the fenced run's old token is refused by the previous
+    release's finish too, and its claims neither retry nor take the run over."""
+
+    async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
+        job = "app.cancelled"
+        s1 = await server_ms(backend) - 5_000
+        first = claim(job, s1, "a", overlap="cancel_other", max_attempts=3)
+        assert await runs.claim(first) == ClaimOutcome.won(1)
+        second = claim(job, s1 + 1_000, "b", overlap="cancel_other", max_attempts=3)
+        assert await runs.claim(second) == ClaimOutcome.won(1, cancelled=s1)
+        assert (await run_hash(backend, job, s1))["status"] == "cancelled"
+        assert await previous_finish(runs, job, s1, "a", "success") is False
+        assert await previous_finish(runs, job, s1, "a", "interrupted") is False
+        retry = claim(job, s1, "p", max_attempts=3)
+        assert await previous_claim(runs, retry) == ClaimOutcome.done()
+        takeover = claim(job, s1, "q", mode="takeover", reason="takeover", max_attempts=3)
+        assert await previous_claim(runs, takeover) == ClaimOutcome.done()
+
+    run(make, body)
+
+
 # The previous release's scripts (format 1), verbatim.
 _PREVIOUS_PRELUDE = r"""
 local function now_ms()

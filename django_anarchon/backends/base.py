@@ -20,14 +20,26 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 RunStatus = Literal["running", "success", "failed", "interrupted"]
 FinalStatus = Literal["success", "failed", "interrupted"]
 RunReason = Literal["scheduled", "manual", "catch-up", "takeover"]
-OverlapPolicy = Literal["skip", "allow"]
+OverlapPolicy = Literal["skip", "allow", "buffer_one", "buffer_all", "cancel_other"]
+#: The overlap policies that need the store to keep more than one lease per run.
+BUFFER_POLICIES = ("buffer_one", "buffer_all")
 ClaimMode = Literal["new", "takeover"]
-OutcomeKind = Literal["won", "running", "done", "overlap", "none", "late", "early"]
+OutcomeKind = Literal[
+    "won", "running", "done", "overlap", "none", "late", "early", "buffered"
+]
 
 #: Every lease store remembers a finished run at least this long, whatever a claim says.
 MIN_KEEP_MS = 10_000
 #: How long a finished run is remembered when no claim said (``keep_ms`` of ``None``).
 DEFAULT_KEEP_MS = 86_400_000
+#: The lease status of a run that a ``cancel_other`` claim of a later slot fenced. Its
+#: history attempt says ``interrupted``; the run's own status differs so that no claim
+#: retries it and no ``finish()`` of its old token is taken (a previous release reads it
+#: as finished and done).
+CANCELLED = "cancelled"
+#: The longest wait hint of a ``buffered`` answer: a waiting claimer asks again at least
+#: this often, so that its buffered slot stays held (see ``buffer_hold_ms``).
+BUFFER_WAIT_CAP_MS = 10_000
 
 
 def ms_to_datetime(ms: float) -> datetime:
@@ -71,6 +83,26 @@ class RunClaim(ClaimInput):
     max_attempts: int = 1
     max_late_ms: int | None = None
     keep_ms: int | None = None
+    #: ``overlap="buffer_all"``: how many slots of the job the store may hold waiting.
+    buffer_limit: int = 10
+
+
+def buffer_hold_ms(lease_ms: int) -> int:
+    """How long a buffered slot stays held after its last claim: its waiters ask again
+    well within it (every ``buffer_wait_ms`` at most), and when they all went away the
+    slot is dropped instead of blocking the job's later slots for ever."""
+    return max(lease_ms, 3 * BUFFER_WAIT_CAP_MS)
+
+
+def buffer_wait_ms(lease_left_ms: int, lease_ms: int) -> int:
+    """The wait hint of a ``buffered`` answer: the blocking lease's remaining time, capped."""
+    return max(1, min(lease_left_ms, lease_ms // 3 or 1, BUFFER_WAIT_CAP_MS))
+
+
+def cancel_reason(slot: int, instance_id: str) -> str:
+    """The error of an attempt a ``cancel_other`` claim fenced (history says who did it)."""
+    when = ms_to_datetime(slot).isoformat()
+    return f"cancelled by slot {when} ({slot}) of instance {instance_id} (overlap cancel_other)"
 
 
 @dataclass(frozen=True)
@@ -82,10 +114,12 @@ class ClaimOutcome:
     slot: int | None = None
     late_ms: int | None = None
     wait_ms: int | None = None
+    #: On ``won`` of a ``cancel_other`` claim: the newest slot whose run it cancelled.
+    cancelled: int | None = None
 
     @classmethod
-    def won(cls, attempt: int) -> ClaimOutcome:
-        return cls("won", attempt=attempt)
+    def won(cls, attempt: int, cancelled: int | None = None) -> ClaimOutcome:
+        return cls("won", attempt=attempt, cancelled=cancelled)
 
     @classmethod
     def running(cls, attempt: int) -> ClaimOutcome:
@@ -106,6 +140,12 @@ class ClaimOutcome:
     @classmethod
     def late(cls, late_ms: int) -> ClaimOutcome:
         return cls("late", late_ms=late_ms)
+
+    @classmethod
+    def buffered(cls, slot: int, wait_ms: int) -> ClaimOutcome:
+        """The store holds this slot until the run of ``slot`` ends: claim again in ``wait_ms``
+        (the same token), or at once when that run ends on this instance."""
+        return cls("buffered", slot=slot, wait_ms=max(int(wait_ms), 1))
 
     @classmethod
     def early(cls, wait_ms: int) -> ClaimOutcome:

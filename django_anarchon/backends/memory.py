@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .base import (
+    BUFFER_POLICIES,
+    CANCELLED,
     ActiveRun,
     BaseBackend,
     ClaimInput,
@@ -28,7 +30,10 @@ from .base import (
     RunReason,
     RunRecord,
     StoredResult,
+    buffer_hold_ms,
+    buffer_wait_ms,
     build_history,
+    cancel_reason,
     forget_after_ms,
 )
 
@@ -107,6 +112,8 @@ class _State:
         self.history: dict[str, _History] = {}
         # RunStore: job -> slot -> lease state.
         self.runs: dict[str, dict[int, _Run]] = {}
+        # overlap buffer_*: job -> buffered slot -> held until (store ms).
+        self.buffers: dict[str, dict[int, int]] = {}
 
     def now(self) -> int:
         return int(self.clock())
@@ -147,6 +154,8 @@ class MemoryRunStore:
                 done = self._state.runs.get(job, {}).get(slot)
                 if done is None or done.state != "finished" or done.token != token:
                     return False
+                if done.status == CANCELLED:
+                    return False  # fenced by a later slot's cancel_other claim
                 # The same finish again (its first reply was lost) still succeeded; a run
                 # the store ended ``interrupted`` (lapsed, no attempt left for anyone)
                 # still takes its own runner's late word.
@@ -233,17 +242,40 @@ class MemoryRunStore:
             return ClaimOutcome.none()
         if now < c.slot:
             return ClaimOutcome.early(c.slot - now)
-        if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
+        buffer = self._buffer(c.job, now) if c.overlap in BUFFER_POLICIES else {}
+        queued = c.slot in buffer
+        # A buffered slot waited for its turn: that wait never makes it late.
+        if not queued and c.max_late_ms is not None and now > c.slot + c.max_late_ms:
             return ClaimOutcome.late(now - c.slot)
         self._sweep(c.job, runs, now)
-        if c.overlap == "skip":
-            busy = [
-                slot
-                for slot, other in runs.items()
-                if other.state == "running" and other.lease_until > now
-            ]
-            if busy:
-                return ClaimOutcome.overlap(max(busy))
+        live = {
+            slot: other.lease_until
+            for slot, other in runs.items()
+            if other.state == "running" and other.lease_until > now
+        }
+        busy = max(live) if live else None
+        cancelled: int | None = None
+        if c.overlap == "skip" and busy is not None:
+            return ClaimOutcome.overlap(busy)
+        if c.overlap in BUFFER_POLICIES:
+            head = min(buffer) if buffer else None
+            if busy is not None or (head is not None and head != c.slot):
+                blocker = busy if busy is not None else head
+                assert blocker is not None
+                left = live[busy] - now if busy is not None else c.lease_ms
+                room = 1 if c.overlap == "buffer_one" else c.buffer_limit
+                if queued or len(buffer) < room:
+                    buffer[c.slot] = now + buffer_hold_ms(c.lease_ms)
+                    return ClaimOutcome.buffered(blocker, buffer_wait_ms(left, c.lease_ms))
+                return ClaimOutcome.overlap(blocker)
+            buffer.pop(c.slot, None)  # its turn: the run starts below
+        elif c.overlap == "cancel_other":
+            reason = cancel_reason(c.slot, c.instance_id)
+            for slot, other in sorted(runs.items()):
+                if slot != c.slot and other.state == "running":
+                    self._interrupt(c.job, slot, other, now, reason)
+                    other.state, other.status, other.finished_at = "finished", CANCELLED, now
+                    cancelled = slot
         run = _Run(
             attempt=0,
             token=c.token,
@@ -258,7 +290,14 @@ class MemoryRunStore:
         )
         runs[c.slot] = run
         self._start(c, run, 1, c.reason, now)
-        return ClaimOutcome.won(1)
+        return ClaimOutcome.won(1, cancelled=cancelled)
+
+    def _buffer(self, job: str, now: int) -> dict[int, int]:
+        """The job's buffered slots still held: one whose waiters all went away is dropped."""
+        buffer = self._state.buffers.setdefault(job, {})
+        for slot in [s for s, until in buffer.items() if until <= now]:
+            del buffer[slot]
+        return buffer
 
     def _start(self, c: RunClaim, run: _Run, attempt: int, reason: RunReason, now: int) -> None:
         """Give the run to the claimer as ``attempt`` and show that attempt as running."""

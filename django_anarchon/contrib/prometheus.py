@@ -26,7 +26,9 @@ __all__ = ["METRIC_NAMES", "Metrics", "Registration", "register"]
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 #: The words each bounded label may take; anything else is counted as ``other``.
-CLAIM_OUTCOMES = frozenset({"won", "lost", "running", "done", "early", "late", "overlap", "none", "error"})
+CLAIM_OUTCOMES = frozenset(
+    {"won", "lost", "running", "done", "early", "late", "overlap", "buffered", "none", "error"}
+)
 SKIP_REASONS = frozenset({"late", "overlap", "paused", "dst"})
 #: The operations of ``error`` events; a task's label (it names a slot) becomes ``other``.
 OPERATIONS = frozenset({"claim", "record_claim", "finish", "release", "save_result", "schedule"})
@@ -39,6 +41,7 @@ METRIC_NAMES: dict[str, str] = {
     "anarchon_skips_total": "counter",
     "anarchon_takeovers_total": "counter",
     "anarchon_lost_leases_total": "counter",
+    "anarchon_cancels_total": "counter",
     "anarchon_claims_total": "counter",
     "anarchon_store_errors_total": "counter",
     "anarchon_running_runs": "gauge",
@@ -72,6 +75,10 @@ class Metrics:
         self.lost = Counter(
             "anarchon_lost_leases", "Runs of this process taken over by another (lease lost).",
             job, registry=registry,
+        )
+        self.cancels = Counter(
+            "anarchon_cancels", "Runs of earlier slots this process's claims cancelled "
+            "(overlap cancel_other).", job, registry=registry,
         )
         self.claims = Counter(
             "anarchon_claims", "The store's answers to claims, by outcome.",
@@ -160,6 +167,9 @@ def register(scheduler: Scheduler, registry: CollectorRegistry | None = None) ->
     def lost(event: Event) -> None:
         metrics.lost.labels(name, event.job or "").inc()
 
+    def cancelled(event: Event) -> None:
+        metrics.cancels.labels(name, event.job or "").inc()
+
     def claimed(event: Event) -> None:
         outcome = event.reason if event.reason in CLAIM_OUTCOMES else "other"
         metrics.claims.labels(name, event.job or "", outcome).inc()
@@ -173,7 +183,8 @@ def register(scheduler: Scheduler, registry: CollectorRegistry | None = None) ->
     registration = Registration(scheduler, metrics)
     subscriptions: list[tuple[str, Any]] = [
         ("start", started), ("success", ended), ("failure", ended), ("interrupted", ended),
-        ("skip", skipped), ("lost", lost), ("claim", claimed), ("error", errored),
+        ("skip", skipped), ("lost", lost), ("cancel", cancelled),
+        ("claim", claimed), ("error", errored),
     ]
     for event_name, callback in subscriptions:
         scheduler.on(event_name, callback)

@@ -22,7 +22,14 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..backends.base import ClaimInput, ClaimOutcome, RunClaim, RunReason
+from ..backends.base import (
+    BUFFER_WAIT_CAP_MS,
+    ClaimInput,
+    ClaimOutcome,
+    RunClaim,
+    RunReason,
+    cancel_reason,
+)
 from ..jobs import Job
 from ..logtime import iso
 from ..retry import retry_store_call
@@ -116,11 +123,44 @@ class ClaimFlows:
         self.watching: set[tuple[str, int]] = set()
         self._batch: list[tuple[Job, int]] = []
         self._batch_pending = False
+        #: job -> set when a run of it ends here: its buffered slots claim again at once.
+        self._ended: dict[str, asyncio.Event] = {}
+        #: job -> how many of its runs ended here (a run that ended while a claim was on
+        #: its way wakes that claim too).
+        self._ends: dict[str, int] = {}
 
     def reset(self) -> None:
         self.capacity = Capacity(self.host.threads)
         self.watching.clear()
         self._batch, self._batch_pending = [], False
+        self._ended.clear()
+        self._ends.clear()
+
+    def run_ended(self, job: str) -> None:
+        """A run of ``job`` ended on this instance: wake the claims buffered behind it."""
+        self._ends[job] = self._ends.get(job, 0) + 1
+        event = self._ended.pop(job, None)
+        if event is not None:
+            event.set()
+
+    async def _wait_turn(self, job: Job, wait_ms: int, ends: int) -> bool:
+        """Wait for a buffered slot's turn: a run of the job ending here, or ``wait_ms``.
+
+        ``ends``: the job's count of ended runs when the claim went out; a run that ended
+        since then ends the wait at once. ``True`` if a stop began (the store keeps the
+        slot held for the backups).
+        """
+        if self._ends.get(job.name, 0) != ends:
+            return self.host.stopping
+        event = self._ended.setdefault(job.name, asyncio.Event())
+        ended = asyncio.ensure_future(event.wait())
+        stopping = asyncio.ensure_future(self.host.wait_stopping(wait_ms / 1000))
+        try:
+            await asyncio.wait({ended, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+            stopping.cancel()
+        return self.host.stopping
 
     # -- building claims --------------------------------------------------------------
 
@@ -142,6 +182,7 @@ class ClaimFlows:
             max_attempts=o.max_attempts,
             max_late_ms=max_late_ms,
             keep_ms=o.keep_ms,
+            buffer_limit=o.buffer_limit,
         )
 
     def claim_input(self, job: Job, slot: int) -> ClaimInput:
@@ -318,7 +359,8 @@ class ClaimFlows:
             slots.append(slot)
             cursor = slot
         for slot in reversed(slots):
-            claim = self.run_claim(job, slot, "catch-up", window)
+            # Waiting its turn below, a catch-up slot neither buffers nor cancels another.
+            claim = replace(self.run_claim(job, slot, "catch-up", window), overlap="skip")
             while True:
                 outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
                 if outcome is None or outcome.kind != "overlap":
@@ -448,17 +490,21 @@ class ClaimFlows:
     ) -> None:
         """Claim on a lease store (unless answered already) and follow the answer."""
         host = self.host
+        ends = self._ends.get(job.name, 0)
         if outcome is None:
             outcome = await self._send_claim(job, claim, deadline_ms)
         if outcome is None:
             if not host.stopping:
                 await host.emit_event("skip", job, claim.slot, reason="late")
             return
+        buffered = False
         while True:
             kind = outcome.kind
             await host.emit_event("claim", job, claim.slot, reason=kind)
             next_outcome: ClaimOutcome | None
             if kind == "won":
+                if outcome.cancelled is not None:
+                    await self._cancelled(job, claim, outcome.cancelled)
                 attempt = Attempt(
                     job=job,
                     slot=claim.slot,
@@ -523,6 +569,19 @@ class ClaimFlows:
                 # takes it over if its runner goes away.
                 claim = replace(claim, slot=blocker, token=new_token(), reason="scheduled")
                 next_outcome = ClaimOutcome.running(1)
+            elif kind == "buffered":
+                # The store holds this slot until the run in the way ends; every instance
+                # that claimed it waits, and the first to claim it then runs it.
+                if not buffered:
+                    buffered = True
+                    await host.emit_event(
+                        "buffer", job, claim.slot, reason=f"overlap: waits for {iso(outcome.slot)}"
+                    )
+                wait_ms = min(outcome.wait_ms or 1, BUFFER_WAIT_CAP_MS)
+                if await self._wait_turn(job, wait_ms, ends):
+                    return
+                ends = self._ends.get(job.name, 0)
+                next_outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
             elif kind == "late":
                 if claim.reason != "catch-up":  # nothing to catch up is not a skip
                     await host.emit_event("skip", job, claim.slot, reason="late")
@@ -532,6 +591,15 @@ class ClaimFlows:
             if next_outcome is None:
                 return
             outcome = next_outcome
+
+    async def _cancelled(self, job: Job, claim: RunClaim, slot: int) -> None:
+        """Our ``cancel_other`` claim fenced the run of ``slot``: say so, and abort it here.
+
+        On another instance its handler learns it at its next heartbeat (refused).
+        """
+        reason = cancel_reason(claim.slot, self.host.instance_id)
+        await self.host.emit_event("cancel", job, slot, error=reason, reason="overlap")
+        self.host.cancel_here(job.name, slot, reason)
 
     async def _watch(self, job: Job, claim: RunClaim) -> tuple[RunClaim, ClaimOutcome] | None:
         """Keep an eye on another instance's run; take it over once its lease lapses."""

@@ -24,10 +24,12 @@ __all__ = ["EVENTS", "Event", "EventName", "EventRegistry"]
 logger = logging.getLogger("django_anarchon")
 
 EventName = Literal[
-    "start", "success", "failure", "interrupted", "skip", "lost", "error", "claim"
+    "start", "success", "failure", "interrupted", "skip", "lost", "error", "claim", "buffer",
+    "cancel",
 ]
 EVENTS: tuple[str, ...] = (
-    "start", "success", "failure", "interrupted", "skip", "lost", "error", "claim"
+    "start", "success", "failure", "interrupted", "skip", "lost", "error", "claim", "buffer",
+    "cancel",
 )
 
 _SIGNALS: dict[str, Signal] = {
@@ -39,6 +41,8 @@ _SIGNALS: dict[str, Signal] = {
     "lost": signals.run_lost,
     "error": signals.scheduler_error,
     "claim": signals.run_claimed,
+    "buffer": signals.run_buffered,
+    "cancel": signals.run_cancelled,
 }
 
 Callback = Callable[["Event"], Any]
@@ -51,7 +55,9 @@ class Event:
     ``record`` is the attempt (``status == "running"`` on ``start``); ``error`` the error
     text; ``reason`` why (a skip's ``late``/``overlap``, a run's ``takeover``/``stop``...).
     A ``claim`` event's ``reason`` is the store's answer: ``won``, ``lost`` (a claim-only
-    store's no), ``running``, ``done``, ``early``, ``late``, ``overlap``, or ``error``.
+    store's no), ``running``, ``done``, ``early``, ``late``, ``overlap``, ``buffered``, or ``error``.
+    ``buffer``: the slot waits in the store for the run of another slot (``reason`` says
+    which); ``cancel``: ``slot`` is the run this instance's claim cancelled.
     """
 
     name: EventName

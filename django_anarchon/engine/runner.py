@@ -129,6 +129,8 @@ class Attempt:
     signal: AbortSignal = field(default_factory=AbortSignal)
     started_at: int = 0
     lost: bool = False
+    #: Why a ``cancel_other`` claim of this instance fenced it (``None``: it did not).
+    cancelled: str | None = None
     _interrupted: asyncio.Future[str] | None = field(default=None, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
     #: Serialises this attempt's heartbeat, finish and release calls (one at a time).
@@ -144,6 +146,17 @@ class Attempt:
         A handler that has not started yet never will.
         """
         self.signal.abort(reason)
+
+    def cancel(self, reason: str) -> None:
+        """A later slot's ``cancel_other`` claim fenced this attempt: it ends ``interrupted``.
+
+        An attempt whose finish already answered ran to its end and is left alone.
+        """
+        if self._settled:
+            return
+        self.lost = True
+        self.cancelled = reason
+        self.interrupt("cancelled")
 
     def interrupt(self, reason: str) -> None:
         """Stop waiting for the handler: it ends ``interrupted`` now. Safe from any thread."""
@@ -251,13 +264,23 @@ class Runner:
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
+        # overlap "cancel_other": whoever fenced this attempt (the canceller, or a backup
+        # that took the run over) recorded it in the same store call; this runner does not
+        # write over that record (docs/decisions.md).
+        fenced = attempt.lost and attempt.job.options.overlap == "cancel_other"
         if attempt.lost:
-            note = "lease lost: another instance took this run over"
+            note = attempt.cancelled or (
+                "lease lost: a later slot cancelled this run, or another instance took it over"
+                if fenced
+                else "lease lost: another instance took this run over"
+            )
             error = f"{error}\n\n{note}" if error else note
             status = "interrupted"
         record = self.record(attempt, status, finished_at, error)
         if not finish_owed and not owed.settled(attempt):
-            if attempt.lost:  # the history record says so now: lost, interrupted
+            if fenced:
+                owed.paid(attempt)
+            elif attempt.lost:  # the history record says so now: lost, interrupted
                 entry = self._entry(attempt, status, finished_at, error, finish=False)
                 owed.owe(attempt, entry)
             else:
@@ -270,7 +293,8 @@ class Runner:
         event: EventName = {"success": "success", "failed": "failure"}.get(status, "interrupted")  # type: ignore[assignment]
         await self._emit(event, attempt, record, error=error, reason=attempt.signal.reason)
         if attempt.lost:
-            await self._emit("lost", attempt, record, error=error, reason="takeover")
+            why = "cancelled" if attempt.cancelled else "takeover"
+            await self._emit("lost", attempt, record, error=error, reason=why)
         return record
 
     async def _settle(self, attempt: Attempt, status: FinalStatus) -> bool:

@@ -382,6 +382,7 @@ class Scheduler:
                     "catch_up": options.catch_up_ms,
                     "catch_up_mode": options.catch_up_mode,
                     "catch_up_limit": options.catch_up_limit,
+                    "buffer_limit": options.buffer_limit,
                 }.get(option),
             )
             raise ConfigurationError(
@@ -856,6 +857,12 @@ class Scheduler:
     def runs_here(self, job: str, slot: int) -> bool:
         return any(a.job.name == job and a.slot == slot for a in list(self._attempts))
 
+    def cancel_here(self, job: str, slot: int, reason: str) -> None:
+        """A ``cancel_other`` claim fenced the run of (job, slot): abort its attempts here."""
+        for attempt in list(self._attempts):
+            if attempt.job.name == job and attempt.slot == slot and attempt.lease:
+                attempt.cancel(reason)
+
     async def run_attempt(self, attempt: Attempt) -> RunRecord:
         """Run an attempt here; a sync one holds a unit of the pool's capacity meanwhile."""
         self._attempts.add(attempt)
@@ -864,6 +871,8 @@ class Scheduler:
                 return await self._runner.run(attempt)
         finally:
             self._attempts.discard(attempt)
+            if attempt.lease:
+                self._claims.run_ended(attempt.job.name)
 
     # -- manual runs and history --------------------------------------------------------
 

@@ -84,11 +84,17 @@ The suite checks:
   written), a repeated ``finish`` with the same token and status is ``True``, the
   ``keep_ms`` floor (``MIN_KEEP_MS``), a ``keep_ms`` that never shrinks, and the sweep that
   ends a lapsed run whose attempts are used up;
+* the overlap policies, with leases: ``buffer_one`` (one slot waits, the next is
+  skipped), ``buffer_all`` (bounded, oldest first), a buffered slot that waited past its
+  ``max_late`` still runs, ``cancel_other`` (the old token fenced at once, its attempt
+  recorded ``interrupted`` by the canceller, never retried); and races of many claimers,
+  through separate backends and through one shared object, counting that each buffered
+  slot runs once and each cancel happens once;
 * the race through ONE shared backend object (``race_shared_rounds`` rounds): a backend
   must be safe for concurrent use by the coroutines of one loop.
 
 The suite is a package whose modules follow the contract's parts: ``race``, ``claims``
-(repeat safety), ``history`` and ``leases``; ``BackendContract`` combines them.
+(repeat safety), ``history``, ``leases`` and ``overlap``; ``BackendContract`` combines them.
 
 How the suite behaves, so that it can run against a shared real server:
 
@@ -114,6 +120,9 @@ Tuning, as class attributes:
     The size of the ``claim_many`` races (20 x 20).
 ``race_shared_rounds``
     Rounds of the race through one shared backend object (200).
+``overlap_claimers``, ``overlap_rounds``
+    The overlap races (buffer_one, buffer_all, cancel_other): how many claimers (20),
+    and how many runs the cancel race chains (10).
 ``race_threads``
     ``True`` runs each claimer in its own thread, with its own backend instance and
     event loop, a barrier starting every round. Use it when concurrent coroutines on
@@ -157,6 +166,7 @@ from ._base import AnyBackend, BackendFactory, assert_one_winner_each, count_win
 from .claims import RepeatSafetyTests
 from .history import HistoryTests
 from .leases import LeaseTests
+from .overlap import OverlapTests
 from .race import RaceTests, race_in_processes, race_in_threads
 
 __all__ = [
@@ -171,7 +181,7 @@ __all__ = [
 ]
 
 
-class BackendContract(RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests):
+class BackendContract(RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests, OverlapTests):
     """The contract every backend must pass; subclass it with a ``make_backend`` fixture.
 
     See the package docstring for the how-to and the tuning attributes.

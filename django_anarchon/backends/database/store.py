@@ -27,8 +27,10 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
-from ...models import JobLock, Run, RunAttempt, RunState
+from ...models import BufferedSlot, JobLock, Run, RunAttempt, RunState
 from ..base import (
+    BUFFER_POLICIES,
+    CANCELLED,
     DEFAULT_KEEP_MS,
     MIN_KEEP_MS,
     ActiveRun,
@@ -39,6 +41,9 @@ from ..base import (
     RunReason,
     RunRecord,
     StoredResult,
+    buffer_hold_ms,
+    buffer_wait_ms,
+    cancel_reason,
     forget_after_ms,
     ms_to_datetime,
 )
@@ -57,6 +62,8 @@ CLAIMED = RunState.CLAIMED.value
 _ATTEMPT_KEY = ["job", "slot", "instance_id", "attempt", "manual"]
 _RETRIES = 4
 _USED_UP = "lease lapsed; attempts used up"
+#: The policies the PostgreSQL functions decide; the others take the general lock path.
+_FAST_POLICIES = ("skip", "allow")
 
 # SQLite has one writer at a time per file. Threads of one process queue on this lock
 # (woken at once) instead of sleeping in SQLite's busy handler; other processes still
@@ -475,6 +482,10 @@ class Store:
     # -- RunStore ----------------------------------------------------------------------
 
     def run_claim(self, c: RunClaim) -> ClaimOutcome:
+        if c.mode == "new" and c.overlap not in _FAST_POLICIES:
+            # buffer_*/cancel_other: one transaction under the job's lock decides it all
+            # (the buffer, the cancel and its history record), on every database.
+            return self._retrying(lambda: self._run_claim_locked(c), also_conflicts=True)
         if c.mode == "new" and self._use_functions():
             outcome = self._retrying(lambda: postgres.run_claim(connections[self.using], c))
             if outcome is not None:
@@ -484,7 +495,7 @@ class Store:
 
     def run_claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
         """On PostgreSQL, the new runs of the batch in one round trip; the rest one by one."""
-        fresh = [c for c in claims if c.mode == "new"]
+        fresh = [c for c in claims if c.mode == "new" and c.overlap in _FAST_POLICIES]
         if len(fresh) < 2 or not self._use_functions():
             return [self.run_claim(c) for c in claims]
         decided = self._retrying(
@@ -499,7 +510,7 @@ class Store:
                     self._retrying(
                         functools.partial(self._run_claim_locked, c), also_conflicts=True
                     )
-                    if c.mode == "new"
+                    if id(c) in answers
                     else self.run_claim(c)
                 )
             outcomes.append(outcome)
@@ -614,6 +625,10 @@ class Store:
             return ClaimOutcome.won(1)
 
     def _sweep(self, job: str, slot: int, now: int) -> int | None:
+        live = self._sweep_live(job, slot, now)
+        return max(live, default=None)
+
+    def _sweep_live(self, job: str, slot: int, now: int) -> dict[int, int]:
         """End the job's lapsed runs with their attempts used up; return the newest live slot.
 
         Before a new run of ``job`` is decided: every other running run whose lease lapsed
@@ -654,10 +669,11 @@ class Store:
                 )
                 for run in swept:
                     self._interrupt(run, now, _USED_UP)
-        return max(
-            (int(other) for _, other, lease_until, _, _ in rows if lease_until > now),
-            default=None,
-        )
+        return {
+            int(other): int(lease_until)
+            for _, other, lease_until, _, _ in rows
+            if lease_until > now
+        }
 
     def _run_claim_locked(self, c: RunClaim) -> ClaimOutcome:
         with self._write():
@@ -688,14 +704,72 @@ class Store:
             return ClaimOutcome.none()
         if now < c.slot:
             return ClaimOutcome.early(c.slot - now)
-        if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
+        buffer = self._buffer(c.job, now) if c.overlap in BUFFER_POLICIES else {}
+        queued = c.slot in buffer
+        # A buffered slot waited for its turn: that wait never makes it late.
+        if not queued and c.max_late_ms is not None and now > c.slot + c.max_late_ms:
             return ClaimOutcome.late(now - c.slot)
-        busy = self._sweep(c.job, c.slot, now)
+        live = self._sweep_live(c.job, c.slot, now)
+        busy = max(live, default=None)
+        cancelled: int | None = None
         if c.overlap == "skip" and busy is not None:
             return ClaimOutcome.overlap(busy)
+        if c.overlap in BUFFER_POLICIES:
+            head = min(buffer, default=None)
+            if busy is not None or (head is not None and head != c.slot):
+                blocker = busy if busy is not None else head
+                assert blocker is not None
+                left = live[busy] - now if busy is not None else c.lease_ms
+                room = 1 if c.overlap == "buffer_one" else c.buffer_limit
+                if queued or len(buffer) < room:
+                    self._hold(c, now, queued)
+                    return ClaimOutcome.buffered(blocker, buffer_wait_ms(left, c.lease_ms))
+                return ClaimOutcome.overlap(blocker)
+            if queued:  # its turn: the run starts below
+                _delete(BufferedSlot.objects.using(self.using).filter(job=c.job, slot=c.slot))
+        elif c.overlap == "cancel_other":
+            cancelled = self._cancel_others(c, now)
         run = Run(job=c.job, slot=c.slot, keep_ms=c.keep_ms, max_attempts=c.max_attempts)
         self._start(c, run, 1, c.reason, now)
-        return ClaimOutcome.won(1)
+        return ClaimOutcome.won(1, cancelled=cancelled)
+
+    def _buffer(self, job: str, now: int) -> dict[int, int]:
+        """The job's buffered slots still held (under its lock); stale ones are dropped."""
+        slots = BufferedSlot.objects.using(self.using).filter(job=job)
+        _delete(slots.filter(hold_until_ms__lte=now))
+        return dict(slots.values_list("slot", "hold_until_ms"))
+
+    def _hold(self, c: RunClaim, now: int, queued: bool) -> None:
+        """Put ``c``'s slot in the buffer, or push its hold on (a waiter asked again)."""
+        until = now + buffer_hold_ms(c.lease_ms)
+        slots = BufferedSlot.objects.using(self.using)
+        if queued:
+            slots.filter(job=c.job, slot=c.slot).update(hold_until_ms=until)
+        else:
+            slots.create(job=c.job, slot=c.slot, hold_until_ms=until)
+
+    def _cancel_others(self, c: RunClaim, now: int) -> int | None:
+        """Fence every other running run of the job, and record each attempt as cancelled.
+
+        The record is written here, in the claim's transaction: the cancelled runner
+        never writes over it (docs/decisions.md). Returns the newest slot cancelled.
+        """
+        others = list(
+            self._runs()
+            .select_for_update()
+            .filter(job=c.job, state=RUNNING)
+            .exclude(slot=c.slot)
+            .order_by("slot")
+        )
+        if not others:
+            return None
+        reason = cancel_reason(c.slot, c.instance_id)
+        for run in others:
+            self._interrupt(run, now, reason)
+        self._runs().filter(pk__in=[run.pk for run in others]).update(
+            state=FINISHED, status=CANCELLED, finished_at_ms=now
+        )
+        return int(others[-1].slot)
 
     def _decide_existing(self, c: RunClaim, run: Run, now: int) -> ClaimOutcome:
         if run.state == CLAIMED:

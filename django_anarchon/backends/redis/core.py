@@ -26,6 +26,7 @@ from ...exceptions import ConfigurationError
 from ...logtime import iso
 from ...redact import redact_url, redact_value
 from ..base import (
+    BUFFER_WAIT_CAP_MS,
     DEFAULT_KEEP_MS,
     MIN_KEEP_MS,
     ActiveRun,
@@ -38,7 +39,9 @@ from ..base import (
     RunClaim,
     RunRecord,
     StoredResult,
+    buffer_hold_ms,
     build_history,
+    cancel_reason,
 )
 from . import scripts
 from .ordering import SlotOrder
@@ -552,11 +555,16 @@ class RedisRunStore:
 
     def _claim_call(self, c: RunClaim) -> tuple[Script, list[str], list[Any]]:
         base = self._backend.job_key(c.job)
-        keys = [f"{base}:r:{c.slot}", f"{base}:active", *self._backend.history_keys(c.job)]
+        keys = [
+            f"{base}:r:{c.slot}", f"{base}:active", *self._backend.history_keys(c.job),
+            f"{base}:b",
+        ]
         args: list[Any] = [
             c.slot, c.token, c.instance_id, c.mode, c.reason, c.lease_ms, c.overlap,
             c.max_attempts, _opt(c.max_late_ms), _opt(c.keep_ms), c.history_size,
             _opt(c.history_ttl_ms), f"{base}:r:", DEFAULT_KEEP_MS, MIN_KEEP_MS,
+            c.buffer_limit, cancel_reason(c.slot, c.instance_id), buffer_hold_ms(c.lease_ms),
+            BUFFER_WAIT_CAP_MS,
         ]
         return scripts.RUN_CLAIM, keys, args
 
@@ -602,7 +610,9 @@ class RedisRunStore:
 def _outcome(reply: Any) -> ClaimOutcome:
     kind, number = _text(reply[0]), int(reply[1])
     if kind == "won":
-        return ClaimOutcome.won(number)
+        return ClaimOutcome.won(number, cancelled=int(reply[2]) if len(reply) > 2 else None)
+    if kind == "buffered":
+        return ClaimOutcome.buffered(number, int(reply[2]))
     if kind == "running":
         return ClaimOutcome.running(number)
     if kind == "overlap":

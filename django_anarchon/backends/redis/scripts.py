@@ -15,7 +15,14 @@ Stored formats (``v`` in every record; a later release keeps reading the older o
   current one. Never expires while running; once finished it expires at
   ``max(finished_at, slot) + max(keep_ms or DEFAULT, MIN)`` (``PEXPIREAT``, never moved
   earlier). ``keep_ms`` and ``max_attempts`` only grow.
+  A run that a later slot's ``cancel_other`` claim fenced is ``finished`` with status
+  ``cancelled`` (this release on): the previous release reads it as finished and done,
+  never retries it and refuses its old token, as this one does.
 * ``<p>:{<job>}:active``    sorted set of the slots whose run is running.
+* ``<p>:{<job>}:b``         hash, format 1: the job's buffered slots (overlap
+  ``buffer_one``/``buffer_all``), field slot, value the store instant it is held until
+  (each waiting claimer's claim pushes it on). The key expires with its newest hold; the
+  previous release never reads it.
 * ``<p>:{<job>}:c:<slot>``  string, the claim of one slot (``claim()``: lease and script
   strategies): the winner's token, expiring after the dedupe window.
 * ``<p>:{<job>}:s``         stream of the stream-id and idmp strategies.
@@ -298,12 +305,16 @@ return {redis.call('HMGET', KEYS[1], unpack(fields)), redis.call('HMGET', KEYS[2
 
 # runs.claim(): the lease rules, in the order of the table in SPEC section 5, with the
 # sweep of SPEC section 9. Writes run hashes in format 2 (see the module docstring).
-# KEYS: run, active, hc, hr, hs, he, hm.
+# The overlap policies: skip, allow, buffer_one/buffer_all (the buffer hash, KEYS[8]; a
+# buffered slot is never late; oldest first), cancel_other (every other running run is
+# fenced, finished 'cancelled', its attempt recorded interrupted here).
+# KEYS: run, active, hc, hr, hs, he, hm, buffer.
 # ARGV: 1 slot, 2 token, 3 instance, 4 mode, 5 reason, 6 lease_ms, 7 overlap,
 #       8 max_attempts, 9 max_late_ms|'', 10 keep_ms|'', 11 history_size,
 #       12 history_ttl_ms|'', 13 run key prefix (the key of a slot without the slot),
-#       14 default keep_ms, 15 minimum keep_ms.
-# Returns {kind, number}.
+#       14 default keep_ms, 15 minimum keep_ms, 16 buffer_limit, 17 cancel reason,
+#       18 buffer hold ms, 19 longest buffered wait ms.
+# Returns {kind, number} ({'won', attempt, cancelled slot}, {'buffered', slot, wait_ms}).
 RUN_CLAIM = _script(
     "run_claim",
     r"""
@@ -390,10 +401,29 @@ if st[1] then
 end
 if ARGV[4] == 'takeover' then return {'none', 0} end
 if ARGV[4] == 'new' and now < slot then return {'early', slot - now} end
-if ARGV[9] ~= '' and now > slot + tonumber(ARGV[9]) then return {'late', now - slot} end
+local policy = ARGV[7]
+local buffering = policy == 'buffer_one' or policy == 'buffer_all'
+local count, head, queued = 0, nil, false
+if buffering then
+  local held = redis.call('HGETALL', KEYS[8])
+  for i = 1, #held, 2 do
+    local s = tonumber(held[i])
+    if tonumber(held[i + 1]) <= now then
+      redis.call('HDEL', KEYS[8], held[i])  -- its waiters all went away
+    else
+      count = count + 1
+      if head == nil or s < head then head = s end
+      if s == slot then queued = true end
+    end
+  end
+end
+-- A buffered slot waited for its turn: that wait never makes it late.
+if not queued and ARGV[9] ~= '' and now > slot + tonumber(ARGV[9]) then
+  return {'late', now - slot}
+end
 -- A new run: sweep the job's other runs, then the overlap rule. A run is swept only when
 -- this release started its attempt (v 2), so its max_attempts is the claims' largest.
-local busy = nil
+local busy, busy_until = nil, nil
 for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   local key = ARGV[13] .. member
   local r = redis.call('HMGET', key, 'state', 'owner', 'attempt', 'lease_until', 'reason',
@@ -401,16 +431,50 @@ for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   if r[1] ~= 'running' then
     redis.call('ZREM', KEYS[2], member)
   elseif (tonumber(r[4]) or 0) > now then
-    busy = tonumber(member)
+    if member ~= ARGV[1] then busy, busy_until = tonumber(member), tonumber(r[4]) end
   elseif (tonumber(r[9] or '') or 1) >= 2 and tonumber(r[8] or '')
          and tonumber(r[3]) >= tonumber(r[8]) then
     give_up(key, tonumber(member), member, r[2], tonumber(r[3]), tonumber(r[6]), r[5], r[7])
   end
 end
-if ARGV[7] == 'skip' and busy then return {'overlap', busy} end
+if policy == 'skip' and busy then return {'overlap', busy} end
+local cancelled = nil
+if buffering then
+  if busy or (head and head ~= slot) then
+    local blocker = busy or head
+    local left = lease_ms
+    if busy then left = busy_until - now end
+    local room = 1
+    if policy == 'buffer_all' then room = tonumber(ARGV[16]) end
+    if queued or count < room then
+      local hold = tonumber(ARGV[18])
+      redis.call('HSET', KEYS[8], ARGV[1], now + hold)
+      redis.call('PEXPIRE', KEYS[8], hold)  -- the newest hold is the longest
+      local wait = math.max(1, math.min(left, math.max(math.floor(lease_ms / 3), 1),
+                                        tonumber(ARGV[19])))
+      return {'buffered', blocker, wait}
+    end
+    return {'overlap', blocker}
+  end
+  if queued then redis.call('HDEL', KEYS[8], ARGV[1]) end  -- its turn: it starts below
+elseif policy == 'cancel_other' then
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    local key = ARGV[13] .. member
+    local r = redis.call('HMGET', key, 'state', 'owner', 'attempt', 'reason', 'started_at',
+                         'keep_ms')
+    if member ~= ARGV[1] and r[1] == 'running' then
+      -- Fenced: its token holds nothing any more, and its attempt is recorded here.
+      interrupt(tonumber(member), r[2], tonumber(r[3]), tonumber(r[5]), r[4], ARGV[17])
+      redis.call('HSET', key, 'state', 'finished', 'status', 'cancelled', 'finished_at', now)
+      redis.call('ZREM', KEYS[2], member)
+      retain(key, tonumber(member), now, r[6], default_keep, min_keep, now)
+      cancelled = tonumber(member)
+    end
+  end
+end
 if ARGV[10] ~= '' then redis.call('HSET', run, 'keep_ms', ARGV[10]) end
 start(1, ARGV[5], nil)
-return {'won', 1}
+return {'won', 1, cancelled}
 """,
 )
 

@@ -374,6 +374,16 @@ def _log_runs(scheduler: Scheduler) -> None:
         logger.warning("run lost: job=%s slot=%s instance=%s (taken over by another instance)",
                        event.job, event.scheduled_at.isoformat(), event.instance_id)
 
+    def buffered(event: Any) -> None:
+        logger.info("run buffered: job=%s slot=%s reason=%s", event.job,
+                    event.scheduled_at.isoformat(), event.reason)
+
+    def cancelled(event: Any) -> None:
+        logger.info("run cancelled: job=%s slot=%s instance=%s (%s)", event.job,
+                    event.scheduled_at.isoformat(), event.instance_id, event.error)
+
+    scheduler.on("buffer", buffered)
+    scheduler.on("cancel", cancelled)
     scheduler.on("start", started)
     for name in ("success", "failure", "interrupted"):
         scheduler.on(name, ended)

@@ -1,0 +1,1 @@
+"""A Django app for the anarchon_worker subprocesses of tests/test_overlap_workers.py."""
