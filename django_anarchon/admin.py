@@ -424,14 +424,17 @@ def _read_history(scheduler: Scheduler, job: str, limit: int) -> list[RunRecord]
 history_cache = _HistoryCache()
 
 
-def _upcoming(alias: str, job: str) -> tuple[str, list[Fire]]:
-    """A job's schedule and its next fire times, marked where DST moves them (pure, no store)."""
+def _upcoming(alias: str, job: str) -> tuple[str, str, list[Fire]]:
+    """A job's schedule, its policies and its next fire times, marked where DST moves them
+    (pure, no store)."""
     try:
-        schedule = _scheduler(alias).get_job(job).schedule
+        found = _scheduler(alias).get_job(job)
     except UnknownJobError:
-        return "", []
+        return "", "", []
     now = int(time.time() * 1000)
-    return schedule.describe(), preview(schedule, now, UPCOMING, timezone.get_current_timezone_name())
+    schedule = found.schedule
+    upcoming = preview(schedule, now, UPCOMING, timezone.get_current_timezone_name())
+    return schedule.describe(), found.policies(), upcoming
 
 
 def _scheduler(alias: str) -> Scheduler:
@@ -578,7 +581,7 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
         else:
             records = future.result()
         rows = [HistoryRow(r) for r in records]
-        schedule, upcoming = _upcoming(alias, job)
+        schedule, policies, upcoming = _upcoming(alias, job)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -587,6 +590,7 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
             "job": job,
             "rows": rows,
             "schedule": schedule,
+            "policies": policies,
             "upcoming": upcoming,
             "error": error,
             "can_run": request.user.has_perm(RUN_PERMISSION),

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, Literal, cast
 
 from .backends.base import JobLimits, OverlapPolicy, datetime_to_ms
-from .durations import parse_duration, parse_optional_duration
+from .durations import format_duration, parse_duration, parse_optional_duration
 from .exceptions import ConfigurationError
 from .schedules import (
     FOLD_POLICIES,
@@ -394,6 +394,22 @@ class Job:
             history_size=o.history_size,
             history_ttl_ms=o.history_ttl_ms,
         )
+
+    def policies(self) -> str:
+        """The overlap and catch-up policies that differ from the defaults, for listings.
+
+        The DST policies are part of a cron schedule's ``describe()``.
+        """
+        o, parts = self.options, []
+        if o.overlap != DEFAULTS.overlap and self.kind != "once":
+            limit = f" ({o.buffer_limit})" if o.overlap == "buffer_all" else ""
+            parts.append(f"overlap={o.overlap}{limit}")
+        if o.catch_up_mode == "none":
+            parts.append("catch_up_mode=none")
+        elif o.catch_up_ms:
+            mode = f" all ({o.catch_up_limit})" if o.catch_up_mode == "all" else ""
+            parts.append(f"catch_up={format_duration(o.catch_up_ms)}{mode}")
+        return ", ".join(parts)
 
     def is_expired(self, now_ms: int | None = None) -> bool:
         """A one-off whose instant is past even counting ``catch_up``: it will never run."""

@@ -544,6 +544,14 @@ def test_job_page_lists_the_next_fire_times_marked_for_dst(viewer: Client) -> No
         assert "skipped 02:30" in table and "(not on the clock)" in table and " EDT" in table
 
 
+def test_job_page_shows_the_overlap_and_catch_up_policies(viewer: Client) -> None:
+    every("1m", name="reports.buffered", overlap="buffer_one", catch_up="2h")(ok)
+    page = viewer.get(f"{JOBS_URL}history/?scheduler=default&job=reports.buffered")
+    assert "Policies: overlap=buffer_one, catch_up=2h" in page.content.decode()
+    plain = viewer.get(f"{JOBS_URL}history/?scheduler=default&job=reports.daily")
+    assert "anarchon-policies" not in plain.content.decode()
+
+
 def test_job_page_of_an_every_job_and_of_an_unknown_job(viewer: Client) -> None:
     response = viewer.get(f"{JOBS_URL}history/?scheduler=default&job=reports.daily")
     fires = response.context["upcoming"]

@@ -64,7 +64,7 @@ def test_jobs_table_lists_every_scheduler() -> None:
     out, _ = run("anarchon_jobs")
     lines = out.splitlines()
     assert lines[0].split() == ["SCHEDULER", "JOB", "SCHEDULE", "NEXT", "RUN", "LAST", "RUN",
-                                "STATUS"]
+                                "STATUS", "POLICIES"]
     assert set(lines[1]) <= {"-", " "}
     body = [line.split()[:2] for line in lines[2:]]
     assert body == [["default", "stock.report"], ["default", "stock.sync"],
@@ -253,3 +253,14 @@ def test_jobs_next_refuses_bad_input_in_one_line() -> None:
 def test_jobs_of_one_job_without_next() -> None:
     out, _ = run("anarchon_jobs", "stock.report")
     assert [line.split()[:2] for line in out.splitlines()[2:]] == [["default", "stock.report"]]
+
+
+def test_jobs_table_shows_the_policies_that_differ_from_the_defaults() -> None:
+    every("1m", name="stock.buffered", overlap="buffer_all", buffer_limit=4, catch_up="1h",
+          catch_up_mode="all", catch_up_limit=5)(remember)
+    every("1m", name="stock.never", catch_up="1h", catch_up_mode="none")(remember)
+    out, _ = run("anarchon_jobs")
+    rows = {line.split()[1]: line for line in out.splitlines()[2:]}
+    assert rows["stock.buffered"].endswith("overlap=buffer_all (4), catch_up=1h all (5)")
+    assert rows["stock.never"].endswith("catch_up_mode=none")
+    assert rows["stock.sync"].endswith(" -")

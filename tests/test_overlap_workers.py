@@ -56,10 +56,11 @@ def test_buffer_one_and_cancel_other_across_worker_processes(tmp_path: Path) -> 
             until = all_up + 10_000
 
             def long_runs_done() -> bool:
-                seen = _read(tmp_path)["overlap-buffer"]
-                return sum(1 for s in seen if s >= all_up + 1000 and s % 4000 == 0) >= 2 and any(
-                    s >= until for s in seen
-                )
+                # Two long runs whose buffered and skipped followers are past (the checks
+                # below take a long slot only if the stop came 4 s after it at least).
+                seen, now = _read(tmp_path)["overlap-buffer"], now_ms()
+                past = [s for s in seen if s % 4000 == 0 and all_up + 1000 <= s <= now - 4000]
+                return len(past) >= 2 and any(s >= until for s in seen)
 
             wait_for(long_runs_done, 40, "two long buffer_one runs and 10 s of slots")
             stop_at = now_ms()

@@ -66,12 +66,14 @@ class Command(BaseCommand):
                 rows.append([
                     alias, info.name, info.schedule, when(info.next_run_at),
                     when(last.started_at) if last else "-", last.status if last else "-",
+                    scheduler.get_job(info.name).policies() or "-",
                 ])
         if options["json"]:
             self.stdout.write(to_json(items))
         elif rows:
             self.stdout.write(table(
-                ["SCHEDULER", "JOB", "SCHEDULE", "NEXT RUN", "LAST RUN", "STATUS"], rows
+                ["SCHEDULER", "JOB", "SCHEDULE", "NEXT RUN", "LAST RUN", "STATUS", "POLICIES"],
+                rows,
             ))
         else:
             self.stdout.write("No jobs are registered. Put them in a jobs.py module of an installed app.")
