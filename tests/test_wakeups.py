@@ -26,6 +26,7 @@ from django_anarchon.engine import JobContext, Scheduler
 from django_anarchon.models import RunRequest
 from django_anarchon.run_requests import file_request, pickup_loop
 
+from .broker_support import delete_nats_streams, nats_url
 from .redis_support import delete_prefix, redis_url
 from .test_engine_support import wait_for
 
@@ -84,26 +85,38 @@ def _redis_kill(url: str, prefix: str) -> Callable[[], int]:
     return kill
 
 
-@pytest.fixture(params=[
-    pytest.param("postgres", marks=pytest.mark.postgres),
-    pytest.param("redis", marks=pytest.mark.redis),
-])
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    if request.param == "postgres":
+def _store(request: pytest.FixtureRequest, name: str) -> Iterator[Store]:
+    if name == "postgres":
         from django_anarchon.backends.database import DatabaseBackend
 
         alias = request.getfixturevalue("postgres_database")
-        options: dict[str, Any] = {"using": alias}
+        pg: dict[str, Any] = {"using": alias}
         yield Store(
-            "postgres", lambda: DatabaseBackend(**options),
-            {"BACKEND": "django_anarchon.backends.database.DatabaseBackend", "OPTIONS": options},
+            "postgres", lambda: DatabaseBackend(**pg),
+            {"BACKEND": "django_anarchon.backends.database.DatabaseBackend", "OPTIONS": pg},
             _pg_kill(alias), alias,
         )
         return
+    request.getfixturevalue("sqlite_database")
+    token = secrets.token_hex(4)
+    if name == "nats":
+        from django_anarchon.backends.nats import NatsBackend
+
+        url = nats_url()
+        nats: dict[str, Any] = {"url": url, "stream_prefix": f"WAKE_{token}",
+                                "subject_prefix": f"wake-{token}"}
+        try:
+            yield Store(
+                "nats", lambda: NatsBackend(**nats),  # type: ignore[arg-type]
+                {"BACKEND": "django_anarchon.backends.nats.NatsBackend", "OPTIONS": nats},
+                lambda: 0,
+            )
+        finally:
+            asyncio.run(delete_nats_streams(url, f"WAKE_{token}"))
+        return
     from django_anarchon.backends.redis import RedisBackend
 
-    request.getfixturevalue("sqlite_database")
-    url, prefix = redis_url(), f"wake-{secrets.token_hex(4)}"
+    url, prefix = redis_url(), f"wake-{token}"
     options = {"url": url, "key_prefix": prefix}
     try:
         yield Store(
@@ -113,6 +126,24 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
         )
     finally:
         delete_prefix(url, prefix)
+
+
+_LEASE_STORES = [
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("redis", marks=pytest.mark.redis),
+]
+
+
+@pytest.fixture(params=_LEASE_STORES)
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """A store with leases and a push channel."""
+    yield from _store(request, request.param)
+
+
+@pytest.fixture(params=[*_LEASE_STORES, pytest.param("nats", marks=pytest.mark.nats)])
+def request_store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """A store with a push channel for run requests (NATS has no leases to release)."""
+    yield from _store(request, request.param)
 
 
 class _RequestsOn:
@@ -246,7 +277,8 @@ async def test_the_listener_comes_back_after_its_connection_is_killed(store: Sto
         await _close(a, b)
 
 
-async def test_a_run_request_starts_within_a_second(store: Store) -> None:
+async def test_a_run_request_starts_within_a_second(request_store: Store) -> None:
+    store = request_store
     alias, job = f"wake-{next(_names)}", "wake.request"
     ran: list[float] = []
 
