@@ -349,3 +349,25 @@ async def test_memory_wakes_in_process() -> None:
         assert await _handover_latency(runner, starts) < BOUND_S
     finally:
         await _close(a, b)
+
+
+async def test_stores_without_a_push_channel_have_no_wakeups(sqlite_database: str) -> None:
+    """MariaDB and SQLite, Redis Cluster: the polls alone, and a hint sent is a no-op."""
+    from django_anarchon.backends.database import DatabaseBackend
+    from django_anarchon.backends.redis import RedisBackend
+
+    backend = DatabaseBackend(using=sqlite_database)
+    assert backend.wakeups() is None
+    await backend.wake(Wakeup("released", job="x"))
+    await backend.close()
+    cluster = RedisBackend(url="redis://127.0.0.1:1/0", cluster=True)
+    assert cluster.wakeups() is None
+    await cluster.wake(Wakeup("released", job="x"))  # no connection is even tried
+
+
+def test_hints_from_the_wire_are_checked() -> None:
+    hint = Wakeup("run-request", job="j", scheduler="s")
+    assert Wakeup.from_json(hint.to_json()) == hint
+    for junk in ("", "null", "[]", '{"kind": "resync"}', '{"kind": "released", "job": 1}',
+                 b"\xff", '{"kind": "drop-tables"}'):
+        assert Wakeup.from_json(junk) is None, junk

@@ -114,7 +114,11 @@ class WakeListener:
     def start(self) -> bool:
         """Start listening if the backend has a push channel; ``False`` if it has none."""
         wakeups = getattr(self._backend, "wakeups", None)
-        hints = wakeups() if callable(wakeups) else None
+        try:
+            hints = wakeups() if callable(wakeups) else None
+        except Exception as exc:  # a backend's bug must not keep the scheduler from starting
+            logger.warning("%s: no wake-ups (%r); polls go on", self._label, exc)
+            return False
         if hints is None:
             return False
         self._task = asyncio.get_running_loop().create_task(
@@ -139,7 +143,11 @@ class WakeListener:
                     await hints.aclose()  # type: ignore[attr-defined]
             await asyncio.sleep(delay)
             delay = min(delay * 2, RESTART_MAX_S)
-            again = self._backend.wakeups()
+            try:
+                again = self._backend.wakeups()
+            except Exception as exc:
+                logger.warning("%s: no wake-ups (%r); polls go on", self._label, exc)
+                return
             if again is None:
                 return
             hints = again
