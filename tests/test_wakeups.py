@@ -27,7 +27,7 @@ from django_anarchon.models import RunRequest
 from django_anarchon.run_requests import file_request, pickup_loop
 
 from .broker_support import delete_nats_streams, nats_url
-from .redis_support import delete_prefix, redis_url
+from .redis_support import ValkeyServer, delete_prefix, redis_url, valkey_server
 from .test_engine_support import wait_for
 
 pytestmark = pytest.mark.usefixtures("database_access")
@@ -115,22 +115,34 @@ def _store(request: pytest.FixtureRequest, name: str) -> Iterator[Store]:
             asyncio.run(delete_nats_streams(url, f"WAKE_{token}"))
         return
     from django_anarchon.backends.redis import RedisBackend
+    from django_anarchon.backends.valkey import ValkeyBackend
 
-    url, prefix = redis_url(), f"wake-{token}"
+    if name == "valkey":
+        url, cls = request.getfixturevalue("valkey").url, ValkeyBackend
+    else:
+        url, cls = redis_url(), RedisBackend
+    prefix = f"wake-{token}"
     options = {"url": url, "key_prefix": prefix}
     try:
         yield Store(
-            "redis", lambda: RedisBackend(**options),
-            {"BACKEND": "django_anarchon.backends.redis.RedisBackend", "OPTIONS": options},
+            name, lambda: cls(**options),
+            {"BACKEND": f"{cls.__module__}.{cls.__qualname__}", "OPTIONS": options},
             _redis_kill(url, prefix),
         )
     finally:
         delete_prefix(url, prefix)
 
 
+@pytest.fixture(scope="module")
+def valkey() -> Iterator[ValkeyServer]:
+    with valkey_server() as server:
+        yield server
+
+
 _LEASE_STORES = [
     pytest.param("postgres", marks=pytest.mark.postgres),
     pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("valkey", marks=pytest.mark.redis),
 ]
 
 

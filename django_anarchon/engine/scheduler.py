@@ -623,6 +623,9 @@ class Scheduler:
         started = list(self._attempts)
         assert self._stop_event is not None
         self._stop_event.set()
+        # Nothing waits for a hint from now on; its task ends with the others, below.
+        listener, self._listener = self._listener, None
+        listening = listener.cancel() if listener is not None else None
         if self._timer is not None:
             await self._timer.stop()
         for attempt in started:
@@ -663,11 +666,10 @@ class Scheduler:
             )
         for task in pending:
             task.cancel()
+        if listening is not None:
+            pending.add(listening)
         if pending:
             await asyncio.wait(pending, timeout=CANCEL_BOUND_S)
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            await listener.stop(CANCEL_BOUND_S)
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)

@@ -152,13 +152,12 @@ class WakeListener:
                 return
             hints = again
 
-    async def stop(self, bound_s: float) -> None:
-        """Cancel the listening (it closes its connection), waiting at most ``bound_s``."""
+    def cancel(self) -> asyncio.Task[None] | None:
+        """Cancel the listening (it closes its connection); the task, to wait for its end."""
         task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        await asyncio.wait({task}, timeout=bound_s)
+        if task is not None:
+            task.cancel()
+        return task
 
 
 async def send_wakeup(backend: Any, hint: Wakeup) -> None:
