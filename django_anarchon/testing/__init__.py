@@ -86,6 +86,8 @@ The suite checks:
   ends a lapsed run whose attempts are used up;
 * the race through ONE shared backend object (``race_shared_rounds`` rounds): a backend
   must be safe for concurrent use by the coroutines of one loop.
+* wake-ups, when ``wakeups()`` is not ``None``: a hint sent with ``wake()`` by one
+  instance reaches another's ``wakeups()`` (skipped for a backend without a push channel).
 
 The suite is a package whose modules follow the contract's parts: ``race``, ``claims``
 (repeat safety), ``history`` and ``leases``; ``BackendContract`` combines them.
@@ -158,6 +160,7 @@ from .claims import RepeatSafetyTests
 from .history import HistoryTests
 from .leases import LeaseTests
 from .race import RaceTests, race_in_processes, race_in_threads
+from .wakeups import WakeupTests
 
 __all__ = [
     "AnyBackend",
@@ -171,7 +174,7 @@ __all__ = [
 ]
 
 
-class BackendContract(RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests):
+class BackendContract(RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests, WakeupTests):
     """The contract every backend must pass; subclass it with a ``make_backend`` fixture.
 
     See the package docstring for the how-to and the tuning attributes.
