@@ -82,6 +82,7 @@ async def handover(make: Callable[[], Any], n: int) -> float:
                                                time.monotonic())))
         await s.start()
     try:
+        await until(lambda: all(s.wakes.count for s in pair), 10, "the listeners")
         await until(lambda: len(starts) == 1, 10, "the first run")
         runner, backup = pair if starts[0][0] == "A" else pair[::-1]
         await until(lambda: bool(backup._claims.watching), 10, "the watch")
@@ -111,6 +112,7 @@ async def run_now(alias: str, make: Callable[[], Any], samples: int) -> list[flo
     for w in workers:
         w.every(job, "1d", handler)
         await w.start()
+    await until(lambda: all(w.wakes.count for w in workers), 10, "the listeners")
     pickers = [asyncio.create_task(pickup_loop([w], poll_s=10)) for w in workers]
     latencies = []
     try:

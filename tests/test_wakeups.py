@@ -200,8 +200,17 @@ def _pair(store: Store, job: str, name: str = "default") -> tuple[Scheduler, Sch
     return pair[0], pair[1]
 
 
-async def _running_and_watched(a: Scheduler, b: Scheduler, starts: Starts, job: str) -> tuple[Scheduler, Scheduler]:
+async def _listening(*schedulers: Scheduler) -> None:
+    """Until each listener has connected (it says so with a ``resync`` hint)."""
+    await wait_for(lambda: all(s.wakes.count > 0 for s in schedulers), 10, "the listeners")
+
+
+async def _running_and_watched(
+    a: Scheduler, b: Scheduler, starts: Starts, job: str, listening: bool = True
+) -> tuple[Scheduler, Scheduler]:
     """Once one of them runs the job and the other watches it: (runner, backup)."""
+    if listening:
+        await _listening(a, b)
     await wait_for(lambda: len(starts.items) == 1, 10, "the first run")
     runner, backup = (a, b) if starts.items[0][0] == "A" else (b, a)
     await wait_for(lambda: any(j == job for j, _ in backup._claims.watching), 10, "the watch")
@@ -310,6 +319,7 @@ async def test_a_run_request_starts_within_a_second(request_store: Store) -> Non
     ):
         for w in workers:
             await w.start()
+        await _listening(*workers)
         pickers = [asyncio.create_task(pickup_loop([w], poll_s=10)) for w in workers]
         try:
             # The first request may be found by a worker's first poll; after it, both wait 10 s.
@@ -357,7 +367,7 @@ async def test_memory_wakes_in_process() -> None:
     await a.start()
     await b.start()
     try:
-        runner, _ = await _running_and_watched(a, b, starts, job)
+        runner, _ = await _running_and_watched(a, b, starts, job, listening=False)
         assert await _handover_latency(runner, starts) < BOUND_S
     finally:
         await _close(a, b)
