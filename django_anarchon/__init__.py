@@ -22,6 +22,7 @@ from .backends.base import (
     RunRecord,
     RunStore,
     StoredResult,
+    Wakeup,
     build_history,
 )
 from .exceptions import (
@@ -79,6 +80,7 @@ __all__ = [
     "StoredResult",
     "UnknownJobError",
     "UnknownSchedulerError",
+    "Wakeup",
     "at",
     "build_history",
     "cron",

@@ -6,24 +6,33 @@ the unclaimed requests of its schedulers. A conditional UPDATE hands each reques
 exactly one worker; that worker records and runs a manual run through ``arun_now``. A
 worker claims only requests for jobs it has, and a request whose claimer died before
 the run started is taken by another worker after ``ABANDONED_AFTER_S``.
+
+Filing a request also sends a ``run-request`` hint through the scheduler's store
+(``engine/wake.py``) once the row is committed: a worker whose store has a push channel
+looks at once instead of at its next poll. The look is the same conditional UPDATE, so
+a repeated or forged hint never runs a request twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Collection
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, router, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
 if TYPE_CHECKING:
     from .engine import Scheduler
     from .models import RunRequest
+
+from .backends.base import Wakeup
+from .engine.wake import requests_key, send_wakeup_sync
 
 logger = logging.getLogger("django_anarchon")
 
@@ -38,9 +47,26 @@ def file_request(scheduler: str, job: str, data: Any = None, requested_by: str =
     """Ask a worker of ``scheduler`` to run ``job`` now; returns the request row."""
     from .models import RunRequest
 
-    return RunRequest.objects.create(
+    request = RunRequest.objects.create(
         scheduler=scheduler, job=job, data=data, requested_by=requested_by
     )
+    # After the commit: a worker woken before it would not see the row yet.
+    transaction.on_commit(
+        lambda: wake_workers(scheduler, job), using=router.db_for_write(RunRequest)
+    )
+    return request
+
+
+def wake_workers(scheduler: str, job: str) -> None:
+    """Hint the workers of ``scheduler`` that a request is waiting; never raises."""
+    from .handler import schedulers
+
+    try:
+        backend = schedulers[scheduler].backend
+    except Exception:  # an unknown or broken alias: its workers find the row by polling
+        logger.debug("no hint for run requests of scheduler %s", scheduler, exc_info=True)
+        return
+    send_wakeup_sync(backend, Wakeup("run-request", job=job, scheduler=scheduler))
 
 
 def _open(jobs: Collection[str] | None) -> Q:
@@ -106,12 +132,37 @@ async def run_request(scheduler: Scheduler, request: RunRequest) -> None:
 
 
 async def pickup_loop(schedulers: list[Scheduler], poll_s: float = POLL_S) -> None:
-    """Poll for requests until cancelled; store errors only slow it down."""
+    """Poll for requests until cancelled; store errors only slow it down.
+
+    A ``run-request`` hint on a scheduler's store ends the wait between two polls early.
+    """
+    with contextlib.ExitStack() as stack:
+        woken = [
+            stack.enter_context(s.wakes.watching(requests_key(s.name))) for s in schedulers
+        ]
+        await _pickup(schedulers, poll_s, woken)
+
+
+async def _wait_any(events: list[asyncio.Event], seconds: float) -> None:
+    waits = {asyncio.ensure_future(event.wait()) for event in events}
+    try:
+        if waits and not any(event.is_set() for event in events):
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        elif not waits:
+            await asyncio.sleep(seconds)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def _pickup(schedulers: list[Scheduler], poll_s: float, woken: list[asyncio.Event]) -> None:
     # Runs outlive this loop's cancellation: the scheduler's stop() interrupts and records them.
     tasks: set[asyncio.Task[None]] = set()
     claim = sync_to_async(claim_requests, thread_sensitive=False)
     while True:
         delay = poll_s
+        for event in woken:
+            event.clear()  # before the look: a hint during it ends the next wait at once
         for scheduler in schedulers:
             try:
                 jobs = [info.name for info in scheduler.jobs()]
@@ -127,4 +178,7 @@ async def pickup_loop(schedulers: list[Scheduler], poll_s: float = POLL_S) -> No
                 task = asyncio.create_task(run_request(scheduler, request))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-        await asyncio.sleep(delay)
+        if delay == BACKOFF_S:
+            await asyncio.sleep(delay)  # the table is missing: a hint would not help
+        else:
+            await _wait_any(woken, delay)

@@ -11,8 +11,9 @@ Pure: nothing here imports ``django.db``.
 from __future__ import annotations
 
 import abc
+import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -27,6 +28,7 @@ ClaimMode = Literal["new", "takeover"]
 OutcomeKind = Literal[
     "won", "running", "done", "overlap", "none", "late", "early", "buffered"
 ]
+WakeupKind = Literal["released", "run-request", "resync"]
 
 #: Every lease store remembers a finished run at least this long, whatever a claim says.
 MIN_KEEP_MS = 10_000
@@ -210,6 +212,40 @@ class ClaimRecord:
     manual: bool = False
     attempt: int = 1
     reason: RunReason = "scheduled"
+
+
+@dataclass(frozen=True)
+class Wakeup:
+    """A hint from a store's push channel that something may be ready *now*.
+
+    Only a reason to look at once instead of at the next poll: the look itself goes
+    through the normal claim path, which alone decides. So a hint that is lost, sent
+    twice or forged can make an instance ask the store sooner or more often, never run
+    a slot twice. ``released``: a lease of ``job`` was released (a hand-over);
+    ``run-request``: a "Run now" request for ``scheduler`` was filed; ``resync``: the
+    listener (re)connected and may have missed hints, so every waiter looks.
+    """
+
+    kind: WakeupKind
+    job: str = ""
+    scheduler: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"v": 1, "kind": self.kind, "job": self.job, "scheduler": self.scheduler})
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Wakeup | None:
+        """The hint in a message, or ``None`` for one this version does not understand."""
+        try:
+            data = json.loads(raw)
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("kind") not in ("released", "run-request"):
+            return None
+        job, scheduler = data.get("job", ""), data.get("scheduler", "")
+        if not isinstance(job, str) or not isinstance(scheduler, str):
+            return None
+        return cls(kind=data["kind"], job=job, scheduler=scheduler)
 
 
 @dataclass(frozen=True)
@@ -403,6 +439,19 @@ class BaseBackend(abc.ABC):
     def describe(self) -> str:
         """A one-line description for banners and the admin (never a password)."""
         return self.name
+
+    def wakeups(self) -> AsyncIterator[Wakeup] | None:
+        """The hints of the store's push channel, or ``None`` if it has none (the default).
+
+        An optional capability: the engine iterates it from ``start()`` to ``stop()`` (it
+        cancels the iteration) and polls at its usual intervals either way. The iterator
+        owns a connection of its own, reconnects with backoff when it drops, and yields
+        ``Wakeup("resync")`` after each reconnection; it never ends by itself.
+        """
+        return None
+
+    async def wake(self, hint: Wakeup) -> None:  # noqa: B027  (optional hook: nothing to do by default)
+        """Send ``hint`` to every instance's :meth:`wakeups`; best effort, no answer awaited."""
 
 
 def kept_ms(keep_ms: int | None) -> int:

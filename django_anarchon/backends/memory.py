@@ -11,10 +11,12 @@ awaits while holding it: that is what makes each call atomic across threads and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from .base import (
@@ -30,6 +32,7 @@ from .base import (
     RunReason,
     RunRecord,
     StoredResult,
+    Wakeup,
     buffer_hold_ms,
     buffer_wait_ms,
     build_history,
@@ -358,6 +361,8 @@ class MemoryBackend(BaseBackend):
     def __init__(self, *, clock: Callable[[], int] | None = None) -> None:
         self._state = _State(clock or _wall_clock_ms)
         self.runs: MemoryRunStore = MemoryRunStore(self._state)
+        #: The queues of the listening schedulers, each with its loop (any thread).
+        self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Wakeup]]] = set()
 
     async def claim(self, input: ClaimInput) -> bool:
         with self._state.lock:
@@ -406,6 +411,28 @@ class MemoryBackend(BaseBackend):
             claims = list(history.claims.values())
             results = list(history.results.values())
         return build_history(job, claims, results, limit)
+
+    def wakeups(self) -> AsyncIterator[Wakeup]:
+        """Hints straight from :meth:`wake` in this process: nothing to drop or reconnect."""
+        return self._wakeups()
+
+    async def _wakeups(self) -> AsyncIterator[Wakeup]:
+        entry = (asyncio.get_running_loop(), asyncio.Queue[Wakeup]())
+        with self._state.lock:
+            self._listeners.add(entry)
+        try:
+            while True:
+                yield await entry[1].get()
+        finally:
+            with self._state.lock:
+                self._listeners.discard(entry)
+
+    async def wake(self, hint: Wakeup) -> None:
+        with self._state.lock:
+            listeners = list(self._listeners)
+        for loop, queue in listeners:
+            with contextlib.suppress(RuntimeError):  # that loop has closed meanwhile
+                loop.call_soon_threadsafe(queue.put_nowait, hint)
 
     def describe(self) -> str:
         return "memory (this process only)"

@@ -23,7 +23,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..durations import parse_duration
@@ -31,7 +31,8 @@ from ..exceptions import ConfigurationError
 from ..redact import redact_text, redact_url, redact_value
 from ..retry import retry_store_call
 from . import _broker_history as records
-from .base import BaseBackend, ClaimInput, JobLimits, RunRecord, StoredResult
+from . import nats_wake
+from .base import BaseBackend, ClaimInput, JobLimits, RunRecord, StoredResult, Wakeup
 from .naming import LoopBound, job_key
 
 T = TypeVar("T")
@@ -449,6 +450,14 @@ class NatsBackend(BaseBackend):
 
     async def close(self) -> None:
         await self._conns.close_all()
+
+    def wakeups(self) -> AsyncIterator[Wakeup]:
+        """``run-request`` hints on a core NATS subject (``nats_wake.py``); no leases, no
+        releases."""
+        return nats_wake.listen(self)
+
+    async def wake(self, hint: Wakeup) -> None:
+        await nats_wake.publish(self, hint)
 
     def describe(self) -> str:
         window = "forever" if math.isinf(self.dedupe_window_ms) else f"{self.window_ms} ms"

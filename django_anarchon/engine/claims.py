@@ -28,6 +28,7 @@ from ..backends.base import (
     ClaimOutcome,
     RunClaim,
     RunReason,
+    Wakeup,
     cancel_reason,
 )
 from ..jobs import Job
@@ -36,6 +37,7 @@ from ..retry import retry_store_call
 from .calls import error_text
 from .runner import Attempt
 from .timer import now_ms
+from .wake import released_key, send_wakeup
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -602,13 +604,24 @@ class ClaimFlows:
         self.host.cancel_here(job.name, slot, reason)
 
     async def _watch(self, job: Job, claim: RunClaim) -> tuple[RunClaim, ClaimOutcome] | None:
-        """Keep an eye on another instance's run; take it over once its lease lapses."""
+        """Keep an eye on another instance's run; take it over once its lease lapses.
+
+        A release hint of the job (``engine/wake.py``) ends the wait between two looks
+        early: a hand-over is taken within the hint's delivery, not a heartbeat later.
+        """
+        with self.host.wakes.watching(released_key(job.name)) as woken:
+            return await self._watch_until(job, claim, woken)
+
+    async def _watch_until(
+        self, job: Job, claim: RunClaim, woken: asyncio.Event
+    ) -> tuple[RunClaim, ClaimOutcome] | None:
         host = self.host
         runs = host.backend.runs
         assert runs is not None
         while not host.stopping:
-            if await host.wait_stopping(host.heartbeat_ms / 1000):
+            if await host.wait_stopping(host.heartbeat_ms / 1000, woken):
                 return None
+            woken.clear()
             try:
                 active = await runs.active(job.name)
             except Exception as exc:
@@ -642,7 +655,8 @@ class ClaimFlows:
         assert runs is not None and attempt.token is not None
         token = attempt.token
         try:
-            await runs.release(attempt.job.name, attempt.slot, token)
+            if await runs.release(attempt.job.name, attempt.slot, token):
+                await send_wakeup(host.backend, Wakeup("released", job=attempt.job.name))
         except Exception as exc:
             logger.warning(
                 "scheduler %s: release of job %s slot %s failed: %r",

@@ -47,6 +47,7 @@ from ..backends.base import (
     RunReason,
     RunRecord,
     StoredResult,
+    Wakeup,
     ms_to_datetime,
 )
 from ..durations import format_duration
@@ -77,6 +78,7 @@ from .context import JobContext
 from .events import Event, EventName
 from .signal import AbortSignal
 from .timer import now_ms
+from .wake import send_wakeup
 
 if TYPE_CHECKING:
     from .owed import OwedRecords
@@ -618,7 +620,7 @@ class Runner:
             return released
 
         try:
-            await retry_store_call(
+            released = await retry_store_call(
                 self._what(attempt, "release"),
                 lambda: self._locked(attempt, release),
                 deadline_ms=now_ms() + RELEASE_RETRY_MS,
@@ -626,6 +628,9 @@ class Runner:
             )
         except Exception as exc:
             await self._emit("error", attempt, error=error_text(exc), reason="release")
+            return
+        if released:  # the backups watching the run look now, not a heartbeat later
+            await send_wakeup(self.host.backend, Wakeup("released", job=job))
 
     async def _save(self, attempt: Attempt, result: StoredResult, record: RunRecord) -> bool:
         """Write the history record; ``False`` if the store did not take it in time."""

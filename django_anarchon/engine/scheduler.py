@@ -55,6 +55,7 @@ from .owed import STOP_BOUND_MS, STOP_NOW_BOUND_MS, OwedRecords
 from .pool import DaemonThreadPool
 from .runner import UNSET, Attempt, Runner
 from .timer import Timer, now_ms
+from .wake import WakeHub, WakeListener
 
 __all__ = ["JobSpecLike", "Scheduler"]
 
@@ -187,6 +188,9 @@ class Scheduler:
         self.owed = OwedRecords(self, spool)
         #: Set by stop_now(): the grace's wait ends at once.
         self._hurry = asyncio.Event()
+        #: The hints of the store's push channel (``backend.wakeups()``), while running.
+        self.wakes = WakeHub()
+        self._listener: WakeListener | None = None
 
     # -- configuration helpers ------------------------------------------------------
 
@@ -526,6 +530,8 @@ class Scheduler:
         self.owed.open()
         self._timer = Timer(self._fire, label=f"scheduler {self.name}")
         self._running = True
+        self._listener = WakeListener(self.backend, self.wakes, f"scheduler {self.name}")
+        self._listener.start()
         self.spawn(self.owed.replay(), "spool replay")
         now = now_ms()
         for state in list(self._jobs.values()):
@@ -620,6 +626,9 @@ class Scheduler:
         started = list(self._attempts)
         assert self._stop_event is not None
         self._stop_event.set()
+        # Nothing waits for a hint from now on; its task ends with the others, below.
+        listener, self._listener = self._listener, None
+        listening = listener.cancel() if listener is not None else None
         if self._timer is not None:
             await self._timer.stop()
         for attempt in started:
@@ -660,6 +669,8 @@ class Scheduler:
             )
         for task in pending:
             task.cancel()
+        if listening is not None:
+            pending.add(listening)
         if pending:
             await asyncio.wait(pending, timeout=CANCEL_BOUND_S)
         pool, self._pool = self._pool, None
@@ -843,15 +854,26 @@ class Scheduler:
     def stopping(self) -> bool:
         return self._stopping
 
-    async def wait_stopping(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``, waking when a stop is requested; ``True`` if one was."""
+    async def wait_stopping(self, seconds: float, woken: asyncio.Event | None = None) -> bool:
+        """Sleep up to ``seconds``, waking when a stop is requested (or ``woken`` is set,
+        see ``engine/wake.py``); ``True`` if a stop was."""
         event = self._stop_event
         assert event is not None
+        if woken is None:
+            try:
+                async with asyncio.timeout(seconds):
+                    await event.wait()
+            except TimeoutError:
+                pass
+            return event.is_set()
+        if woken.is_set() or event.is_set():
+            return event.is_set()
+        waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(woken.wait())}
         try:
-            async with asyncio.timeout(seconds):
-                await event.wait()
-        except TimeoutError:
-            pass
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
         return event.is_set()
 
     def runs_here(self, job: str, slot: int) -> bool:

@@ -92,6 +92,8 @@ The suite checks:
   slot runs once and each cancel happens once;
 * the race through ONE shared backend object (``race_shared_rounds`` rounds): a backend
   must be safe for concurrent use by the coroutines of one loop.
+* wake-ups, when ``wakeups()`` is not ``None``: a hint sent with ``wake()`` by one
+  instance reaches another's ``wakeups()`` (skipped for a backend without a push channel).
 
 The suite is a package whose modules follow the contract's parts: ``race``, ``claims``
 (repeat safety), ``history``, ``leases`` and ``overlap``; ``BackendContract`` combines them.
@@ -168,6 +170,7 @@ from .history import HistoryTests
 from .leases import LeaseTests
 from .overlap import OverlapTests
 from .race import RaceTests, race_in_processes, race_in_threads
+from .wakeups import WakeupTests
 
 __all__ = [
     "AnyBackend",
@@ -181,7 +184,9 @@ __all__ = [
 ]
 
 
-class BackendContract(RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests, OverlapTests):
+class BackendContract(
+    RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests, OverlapTests, WakeupTests
+):
     """The contract every backend must pass; subclass it with a ``make_backend`` fixture.
 
     See the package docstring for the how-to and the tuning attributes.

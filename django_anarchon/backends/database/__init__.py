@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, router
@@ -28,6 +28,7 @@ from ..base import (
     RunClaim,
     RunRecord,
     StoredResult,
+    Wakeup,
 )
 from .threads import ConnectionThreads
 
@@ -142,6 +143,19 @@ class DatabaseBackend(BaseBackend):
         threads, self._threads = self._threads, None
         if threads is not None:
             await asyncio.to_thread(threads.shutdown)
+
+    def wakeups(self) -> AsyncIterator[Wakeup] | None:
+        """On PostgreSQL (psycopg 3), ``LISTEN`` on a connection of its own (``listen.py``)."""
+        from . import listen
+
+        return listen.listen(self.using) if listen.supports_push(self.using) else None
+
+    async def wake(self, hint: Wakeup) -> None:
+        """``NOTIFY`` on PostgreSQL; nothing elsewhere (MariaDB, SQLite: the polls find it)."""
+        from . import listen
+
+        if listen.supports_push(self.using):
+            await self._call(functools.partial(listen.notify, self.using, hint), urgent=True)
 
     def describe(self) -> str:
         try:

@@ -18,7 +18,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -39,11 +39,12 @@ from ..base import (
     RunClaim,
     RunRecord,
     StoredResult,
+    Wakeup,
     buffer_hold_ms,
     build_history,
     cancel_reason,
 )
-from . import scripts
+from . import scripts, wake
 from .ordering import SlotOrder
 from .scripts import Script
 from .strategies import IDMP_MIN_VERSION, STRATEGY_NAMES, StrategyName, parse_strategy
@@ -242,9 +243,9 @@ class RedisProtocolBackend(BaseBackend):
             cls = type(self)
             raise self.driver.missing(error, f"{cls.__module__}.{cls.__qualname__}") from error
 
-    def _new_client(self) -> Any:
+    def _new_client(self, **extra: Any) -> Any:
         cls = self._client_class()
-        options = dict(self._client_options)
+        options = {**self._client_options, **extra}
         if self._url is not None:
             return cls.from_url(self._url, **options)
         if self._cluster:
@@ -512,6 +513,14 @@ class RedisProtocolBackend(BaseBackend):
             return "the given client"
         where = f"{self._host}:{self._port}"
         return where if self._cluster else f"{where}/{self._db}"
+
+    def wakeups(self) -> AsyncIterator[Wakeup] | None:
+        """Pub/sub on a connection of its own (``wake.py``); none on Redis Cluster."""
+        return None if self._cluster else wake.listen(self)
+
+    async def wake(self, hint: Wakeup) -> None:
+        if not self._cluster:
+            await wake.publish(self, hint)
 
     def describe(self) -> str:
         kind = f"{self.name} cluster" if self._cluster else self.name
