@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..redact import redact_text
 from .base import Wakeup
+from .reconnect import Backoff
 
 if TYPE_CHECKING:
     from .nats import NatsBackend
@@ -26,9 +27,6 @@ __all__ = ["listen", "publish", "subject"]
 
 logger = logging.getLogger("django_anarchon")
 
-#: Pauses between first-connection attempts, doubling from the first to the last.
-RECONNECT_MIN_S = 0.1
-RECONNECT_MAX_S = 5.0
 #: Hints waiting to be read; beyond it they are dropped (the polls find their rows).
 QUEUE_SIZE = 1000
 
@@ -88,15 +86,14 @@ async def listen(backend: NatsBackend) -> AsyncIterator[Wakeup]:
         if hint is not None:
             _put(queue, hint)
 
-    delay = RECONNECT_MIN_S
+    backoff = Backoff()
     while True:
         try:
             client, own = await _connect(backend, queue)
         except Exception as exc:  # the server is down or refuses: try again later
             logger.warning("wake-ups: cannot connect to NATS (%s); again in %.1fs",
-                           redact_text(repr(exc)), delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_S)
+                           redact_text(repr(exc)), backoff.delay)
+            await backoff.pause()
             continue
         subscription = None
         try:

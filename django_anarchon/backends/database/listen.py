@@ -21,6 +21,7 @@ from typing import Any
 from django.db import connections
 
 from ..base import Wakeup
+from ..reconnect import Backoff, reason
 
 __all__ = ["CHANNEL", "listen", "notify", "supports_push"]
 
@@ -31,8 +32,6 @@ CHANNEL = "anarchon_wake"
 #: How the listening connection shows in ``pg_stat_activity``.
 APPLICATION_NAME = "anarchon-wake"
 #: Pauses between reconnection attempts, doubling from the first to the last.
-RECONNECT_MIN_S = 0.1
-RECONNECT_MAX_S = 5.0
 #: A connection that brought nothing for this long is probed with a query...
 PROBE_AFTER_S = 30.0
 #: ...which must answer within this, or it is taken for dead and made anew.
@@ -69,19 +68,18 @@ async def listen(using: str) -> AsyncIterator[Wakeup]:
     """The hints of the database of ``using``, for ever; cancel the iteration to stop."""
     import psycopg
 
-    delay = RECONNECT_MIN_S
+    backoff = Backoff()
     while True:
         try:
             conn = await psycopg.AsyncConnection.connect(**_params(using), autocommit=True)
         except (psycopg.Error, OSError) as exc:
             logger.warning("wake-ups: cannot connect to %s (%s); again in %.1fs", using,
-                           str(exc).splitlines()[0] if str(exc) else type(exc).__name__, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_S)
+                           reason(exc), backoff.delay)
+            await backoff.pause()
             continue
         try:
             await conn.execute(f"LISTEN {CHANNEL}")
-            delay = RECONNECT_MIN_S
+            backoff.reset()
             yield Wakeup("resync")
             while True:
                 quiet = True
@@ -95,9 +93,8 @@ async def listen(using: str) -> AsyncIterator[Wakeup]:
                         await conn.execute("SELECT 1")
         except (psycopg.Error, OSError, TimeoutError) as exc:
             logger.warning("wake-ups: the listening connection to %s dropped (%s); reconnecting",
-                           using, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                           using, reason(exc))
         finally:
             with contextlib.suppress(Exception):
                 await conn.close()
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, RECONNECT_MAX_S)
+        await backoff.pause()

@@ -11,13 +11,13 @@ has no push channel here: its instances poll.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ..base import Wakeup
+from ..reconnect import Backoff, reason
 
 if TYPE_CHECKING:
     from .core import RedisProtocolBackend
@@ -26,9 +26,6 @@ __all__ = ["channel", "listen", "publish"]
 
 logger = logging.getLogger("django_anarchon")
 
-#: Pauses between reconnection attempts, doubling from the first to the last.
-RECONNECT_MIN_S = 0.1
-RECONNECT_MAX_S = 5.0
 #: A subscription that brought nothing for this long is pinged...
 PROBE_AFTER_S = 30.0
 #: ...and must answer within this, or its connection is taken for dead and made anew.
@@ -51,24 +48,19 @@ def _subscriber(backend: RedisProtocolBackend) -> tuple[Any, bool]:
     return backend._new_client(client_name=channel(backend)), True
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return text or type(exc).__name__
-
-
 async def listen(backend: RedisProtocolBackend) -> AsyncIterator[Wakeup]:
     """The hints of ``backend``'s channel, for ever; cancel the iteration to stop."""
     errors: tuple[type[BaseException], ...] = (
         *backend.driver.connection_errors(), OSError, TimeoutError,
     )
     name = channel(backend)
-    delay = RECONNECT_MIN_S
+    backoff = Backoff()
     while True:
         client, own = _subscriber(backend)
         pubsub = client.pubsub()
         try:
             await pubsub.subscribe(name)
-            delay = RECONNECT_MIN_S
+            backoff.reset()
             yield Wakeup("resync")
             pinged = False
             while True:
@@ -89,12 +81,11 @@ async def listen(backend: RedisProtocolBackend) -> AsyncIterator[Wakeup]:
                         yield hint
         except errors as exc:
             logger.warning("wake-ups: the subscription to %s dropped (%s); subscribing again",
-                           name, _reason(exc))
+                           name, reason(exc))
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
             if own:
                 with contextlib.suppress(Exception):
                     await client.aclose()
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, RECONNECT_MAX_S)
+        await backoff.pause()
