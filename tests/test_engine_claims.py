@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from django_anarchon.backends.base import ClaimOutcome, RunClaim
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.engine import JobContext, Scheduler
@@ -55,16 +57,46 @@ async def test_a_worker_ahead_never_starts_a_run_before_its_slot(skew: Any) -> N
         assert call["at"] >= call["slot"], f"started {call['slot'] - call['at']} ms early"
 
 
-async def test_catch_up_window_is_judged_by_the_store(skew: Any) -> None:
+async def test_a_lone_worker_ahead_runs_the_slots_of_its_first_seconds(skew: Any) -> None:
+    """Armed by its own clock, a worker 5 s ahead skipped every slot due in its first 5 s
+    (true time): it armed the slot 5 s on. Armed by the store's clock, it runs them."""
+    skew(5_000)
+    backend = true_store()
+    recording = Recording(backend)
+    calls = Calls()
+    ahead = Scheduler(backend, instance_id="ahead")
+    ahead.every("tick", "500ms", lambda ctx: calls.add(slot=ctx.slot, at=real_ms()),
+                max_late="200ms")
+    started = real_ms()
+    await ahead.start()
+    try:
+        await wait_for(lambda: any(c["slot"] <= started + 2_000 for c in calls.items), 3,
+                       "a run of a slot due in the first two seconds")
+        await wait_for(lambda: len(calls) >= 4, 5, "four runs")
+    finally:
+        await stop_all(ahead)
+    for call in calls.items:
+        assert call["at"] >= call["slot"], f"started {call['slot'] - call['at']} ms early"
+    early = [o for _, o in recording.claims if o.kind == "early"]
+    assert len(early) <= 1, f"claims sent before their slot by the store's clock: {early}"
+
+
+@pytest.mark.parametrize("store_clock", [True, False])
+async def test_catch_up_window_is_judged_by_the_store(skew: Any, store_clock: bool) -> None:
     """Item 2: a worker 8 s behind re-ran a slot whose run the store had already forgotten.
 
-    The slot lies 11 s back by the store's clock and 3 s back by the worker's: inside the
-    worker's idea of ``catch_up=5s``, outside the store's. The store must answer late.
+    The slot lies 11.5 s back by the store's clock and 3.5 s back by the worker's: inside
+    the worker's idea of ``catch_up=5s``, outside the store's. Where the store tells its
+    clock the engine counts by it and catches up the next slot (1.5 s back) instead; where
+    it does not, the engine claims by its own and the store must answer late. Either way
+    the slot never runs.
     """
     skew(-8_000)
     backend = true_store()
+    if not store_clock:
+        backend.runs.now_ms = None  # type: ignore[assignment,method-assign]
     recording = Recording(backend)
-    target = real_ms() - 11_000
+    target = real_ms() - 11_500
     offset = f"{target % 10_000}ms"
     calls = Calls()
     behind = Scheduler(backend, instance_id="behind")
@@ -74,14 +106,18 @@ async def test_catch_up_window_is_judged_by_the_store(skew: Any) -> None:
     )
     await behind.start()
     try:
-        await wait_for(
-            lambda: any(c.reason == "catch-up" for c, _ in recording.claims), 5, "a catch-up claim"
-        )
+        await wait_for(lambda: any(c.reason == "catch-up" for c, _ in recording.claims), 5,
+                       "a catch-up claim")
     finally:
         await stop_all(behind)
-    (claim, outcome), = [(c, o) for c, o in recording.claims if c.reason == "catch-up"]
-    assert claim.slot == target
-    assert outcome.kind == "late", outcome
+    caught = [(c, o) for c, o in recording.claims if c.reason == "catch-up"]
+    if store_clock:
+        (claim, outcome), = caught
+        assert claim.slot == target + 10_000 and outcome.kind == "won", caught
+    else:
+        (claim, outcome), = caught
+        assert claim.slot == target
+        assert outcome.kind == "late", outcome
     assert not calls.where(slot=target)
 
 

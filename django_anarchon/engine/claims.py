@@ -343,15 +343,15 @@ class ClaimFlows:
     async def _catch_up_all(self, job: Job, now: int, armed: int) -> None:
         """``catch_up_mode="all"``: the missed slots run one at a time, oldest first.
 
-        The window's far end is read off the store's clock where the store tells it, so a
-        worker whose clock runs ahead still reaches the window's oldest slots (each claim
+        ``now`` is on the store's clock where the store tells it (``Scheduler.clock``), so
+        a worker whose clock runs ahead still reaches the window's oldest slots (each claim
         is judged by the store again). A slot that meets another run of its job waits for
         that run to end instead of being skipped: the other run is often the previous
         catch-up slot on another instance.
         """
         host, options = self.host, job.options
         window = options.catch_up_ms
-        far_end = await self._store_now(job, now) - window
+        far_end = now - window  # ``now`` is the store's (engine/clock.py), where it tells
         slots: list[int] = []
         cursor = armed
         while len(slots) < options.catch_up_limit:
@@ -375,21 +375,6 @@ class ClaimFlows:
                 await host.emit_event("skip", job, slot, reason="late")
                 continue
             await self._lease_claim(job, claim, now_ms() + host.lease_ms, outcome)
-
-    async def _store_now(self, job: Job, fallback: int) -> int:
-        """The store's clock, if the lease store tells it (optional ``now_ms(job)``)."""
-        clock = getattr(self.host.backend.runs, "now_ms", None)
-        if clock is None:
-            return fallback
-        try:
-            return int(await clock(job.name))
-        except Exception as exc:
-            logger.warning(
-                "scheduler %s: job %s: the store's clock could not be read (%s); the catch-up "
-                "window is counted from this worker's clock",
-                self.host.name, job.name, error_text(exc),
-            )
-            return fallback
 
     async def _admit(self, job: Job) -> int:
         """Back-pressure before a claim: the capacity units the claim will hold (0 or 1)."""

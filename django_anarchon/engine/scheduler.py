@@ -50,6 +50,7 @@ from ..logtime import iso
 from ..retry import retry_store_call
 from .calls import error_text
 from .claims import ClaimFlows, new_token
+from .clock import REFRESH_S, StoreClock
 from .events import Callback, Event, EventName, EventRegistry
 from .owed import STOP_BOUND_MS, STOP_NOW_BOUND_MS, OwedRecords
 from .pool import DaemonThreadPool
@@ -70,6 +71,8 @@ START_RETRY_MAX_S = 5.0
 PREPARE_CHUNK = 500
 #: After a stop's bound, how long the tasks still going get to end once cancelled.
 CANCEL_BOUND_S = 1.0
+#: How long a read of the store's clock may take at start (or at a refresh).
+CLOCK_READ_S = 5.0
 
 
 class JobSpecLike(Protocol):
@@ -190,6 +193,8 @@ class Scheduler:
         self._hurry = asyncio.Event()
         #: The hints of the store's push channel (``backend.wakeups()``), while running.
         self.wakes = WakeHub()
+        #: The store's clock as seen from here: timers are armed by it (engine/clock.py).
+        self.clock = StoreClock(f"scheduler {self.name}")
         self._listener: WakeListener | None = None
 
     # -- configuration helpers ------------------------------------------------------
@@ -423,7 +428,7 @@ class Scheduler:
             self._timer.cancel(name)
 
     def jobs(self) -> list[JobInfo]:
-        now = now_ms()
+        now = self.clock.now()
         infos = []
         for state in self._jobs.values():
             job = state.job
@@ -533,7 +538,10 @@ class Scheduler:
         self._listener = WakeListener(self.backend, self.wakes, f"scheduler {self.name}")
         self._listener.start()
         self.spawn(self.owed.replay(), "spool replay")
-        now = now_ms()
+        if self.backend.runs is not None:
+            await self._read_clock()
+            self.spawn(self._follow_clock(), "store clock")
+        now = self.clock.now()
         for state in list(self._jobs.values()):
             self._arm(state, now, initial=True)
             self._claims.catch_up(state.job, now, state.next_slot)
@@ -545,6 +553,19 @@ class Scheduler:
             self.backend.name,
             len(self._jobs),
         )
+
+    async def _read_clock(self) -> None:
+        """Measure the store's clock offset (bounded: a store that hangs leaves it as is)."""
+        try:
+            async with asyncio.timeout(CLOCK_READ_S):
+                await self.clock.measure(self.backend.runs, next(iter(self._jobs), "-"))
+        except TimeoutError:
+            logger.warning("scheduler %s: the store's clock did not answer within %ss",
+                           self.name, CLOCK_READ_S)
+
+    async def _follow_clock(self) -> None:
+        while not await self.wait_stopping(REFRESH_S):
+            await self._read_clock()
 
     async def _connect(self) -> bool:
         """``init()`` and every ``prepare_job()``, retried until done; ``False`` if stopped first.
@@ -786,7 +807,7 @@ class Scheduler:
             give_up=lambda: self._stopping,
         )
         if self._running and self._jobs.get(job.name) is state:
-            self._arm(state, now_ms(), initial=True)
+            self._arm(state, self.clock.now(), initial=True)
 
     def _arm(self, state: _JobState, now: int, *, initial: bool) -> None:
         job = state.job
@@ -813,7 +834,7 @@ class Scheduler:
             self._timer.cancel(job.name)
             return
         jitter = int(random.random() * job.options.jitter_ms) if job.options.jitter_ms else 0
-        self._timer.schedule(job.name, slot + jitter)
+        self._timer.schedule(job.name, self.clock.local(slot + jitter))
 
     def _fire(self, name: str, due: int) -> None:
         state = self._jobs.get(name)
@@ -821,7 +842,7 @@ class Scheduler:
             return
         slot = state.next_slot
         try:
-            self._arm(state, now_ms(), initial=False)
+            self._arm(state, self.clock.now(), initial=False)
         except Exception as exc:  # a schedule that cannot say its next slot: keep the rest going
             logger.exception(
                 "scheduler %s: job %s: computing the next slot failed", self.name, name

@@ -1,0 +1,73 @@
+"""The store's clock as this worker sees it: an offset to its own, to arm timers by.
+
+Slots are instants on the store's clock (it judges ``early`` and ``late``). A worker whose
+own clock runs ahead by S used to arm its timers S early: each claim was answered
+``early``, waited, and came back a round trip behind the other instances' (so it lost
+most races), and alone at start it skipped the slots due in its first S seconds. Arming
+at ``slot - offset`` on the local clock puts its claims at the slot by the store's clock.
+
+The offset is read from a lease store's optional ``runs.now_ms(job)`` at start and then
+every ``REFRESH_S``; a store without it, or a read that fails, leaves the offset as it
+was (0 at first), which is the old behaviour. It only ever moves when a claim is sent:
+whether a run may start is still the store's answer to the claim.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .calls import error_text
+from .timer import now_ms
+
+__all__ = ["REFRESH_S", "StoreClock"]
+
+logger = logging.getLogger("django_anarchon")
+
+#: How often the offset is read again (a worker's clock that NTP steps is followed).
+REFRESH_S = 60.0
+#: Reads per measurement; the one with the shortest round trip is kept.
+SAMPLES = 3
+
+
+class StoreClock:
+    """``now()`` on the store's clock; ``local(ms)`` turns a store instant into a local one."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.offset_ms = 0
+
+    def now(self) -> int:
+        return now_ms() + self.offset_ms
+
+    def local(self, store_ms: int) -> int:
+        return store_ms - self.offset_ms
+
+    async def measure(self, runs: Any, job: str) -> bool:
+        """Read the store's clock (around ``job``'s runs); ``False`` if it cannot tell."""
+        read = getattr(runs, "now_ms", None)
+        if read is None:
+            return False
+        best: tuple[int, int] | None = None  # (round trip, offset)
+        try:
+            for _ in range(SAMPLES):
+                sent = now_ms()
+                store = int(await read(job))
+                back = now_ms()
+                # The store read its clock somewhere in the round trip, so the offset lies
+                # in [store - back, store - sent]. The low end never arms a claim before
+                # the slot; clocks that agree within the round trip keep 0 (as ever).
+                low, high = store - back, store - sent
+                sample = (back - sent, 0 if low <= 0 <= high else low)
+                if best is None or sample[0] < best[0]:
+                    best = sample
+        except Exception as exc:
+            logger.warning("%s: the store's clock could not be read (%s); timers stay armed "
+                           "by an offset of %s ms", self.label, error_text(exc), self.offset_ms)
+            return False
+        assert best is not None
+        if abs(best[1] - self.offset_ms) > max(best[0], 1):
+            logger.info("%s: the store's clock is %+d ms from this worker's (round trip %d ms); "
+                        "timers are armed by the store's", self.label, best[1], best[0])
+        self.offset_ms = best[1]
+        return True
