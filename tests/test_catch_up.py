@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -42,7 +42,7 @@ def _catch_ups(calls: Calls) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(params=["memory", "redis", "postgres"])
-def store_pair(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+def backend_pair(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
     """Two backend objects on one store (two connections, for the real servers)."""
     if request.param == "memory":
         shared = MemoryBackend()
@@ -64,6 +64,15 @@ def store_pair(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
         alias = request.getfixturevalue("postgres_database")
         request.getfixturevalue("database_access")
         yield DatabaseBackend(using=alias), DatabaseBackend(using=alias)
+
+
+@pytest.fixture
+async def store_pair(backend_pair: tuple[Any, Any]) -> AsyncIterator[tuple[Any, Any]]:
+    """``backend_pair``, closed on the test's loop: a database backend's connection
+    threads would outlive the test otherwise (and count as another test's threads)."""
+    yield backend_pair
+    for backend in set(backend_pair):
+        await backend.close()
 
 
 async def test_all_runs_the_newest_missed_slots_once_oldest_first_across_instances(
