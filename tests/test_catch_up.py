@@ -22,6 +22,10 @@ from django_anarchon.engine import JobContext, Scheduler
 
 from .test_engine_support import Calls, ClaimOnlyMemoryBackend, real_ms, stop_all, wait_for
 
+#: Every test here runs on the shared test databases: a job name of its own keeps their
+#: history apart from the other modules' (tests/test_job_names.py has a "report" too).
+REPORT = "catch-up.report"
+
 
 def _recorder(calls: Calls) -> Any:
     def handler(ctx: JobContext) -> None:
@@ -83,7 +87,7 @@ async def test_all_runs_the_newest_missed_slots_once_oldest_first_across_instanc
     schedulers = []
     for name, backend in zip("AB", store_pair, strict=True):
         s = Scheduler(backend, instance_id=name)
-        s.every("report", "1s", _recorder(calls), max_late="100ms", catch_up="30s",
+        s.every(REPORT, "1s", _recorder(calls), max_late="100ms", catch_up="30s",
                 catch_up_mode="all", catch_up_limit=4)
         schedulers.append(s)
     await _clear_of_a_slot()
@@ -120,7 +124,7 @@ async def test_catch_up_slots_neither_cancel_nor_buffer_one_another(overlap: str
     schedulers = []
     for name in "AB":
         s = Scheduler(backend, instance_id=name)
-        s.every("report", "1s", _recorder(calls), max_late="100ms", catch_up="30s",
+        s.every(REPORT, "1s", _recorder(calls), max_late="100ms", catch_up="30s",
                 catch_up_mode="all", catch_up_limit=3, overlap=overlap)
         schedulers.append(s)
     await _clear_of_a_slot()
@@ -131,7 +135,7 @@ async def test_catch_up_slots_neither_cancel_nor_buffer_one_another(overlap: str
                        "three catch-up runs to end")
         await wait_for(lambda: not any(s.jobs()[0].running_here for s in schedulers), 5,
                        "the runs to end")
-        history = await schedulers[0].ahistory("report", limit=100)
+        history = await schedulers[0].ahistory(REPORT, limit=100)
     finally:
         await stop_all(*schedulers)
     caught = [r for r in history if r.reason == "catch-up"]
@@ -144,7 +148,7 @@ async def test_all_reaches_the_store_windows_far_end_from_a_worker_ahead(skew: A
     backend = MemoryBackend(clock=real_ms)
     calls = Calls()
     s = Scheduler(backend, instance_id="ahead")
-    s.every("report", "1s", _recorder(calls), max_late="100ms", catch_up="10s",
+    s.every(REPORT, "1s", _recorder(calls), max_late="100ms", catch_up="10s",
             catch_up_mode="all", catch_up_limit=100, overlap="allow")
     started = real_ms()
     await s.start()
@@ -164,7 +168,7 @@ async def test_all_never_reaches_past_the_store_window_from_a_worker_behind(skew
     backend = MemoryBackend(clock=real_ms)
     calls = Calls()
     s = Scheduler(backend, instance_id="behind")
-    s.every("report", "1s", _recorder(calls), max_late="100ms", catch_up="10s",
+    s.every(REPORT, "1s", _recorder(calls), max_late="100ms", catch_up="10s",
             catch_up_mode="all", catch_up_limit=100)
     started = real_ms()
     await s.start()
@@ -180,7 +184,7 @@ async def test_all_never_reaches_past_the_store_window_from_a_worker_behind(skew
 async def test_none_catches_nothing_up_even_with_a_window() -> None:
     calls = Calls()
     s = Scheduler(MemoryBackend(), instance_id="A")
-    s.every("report", "1s", _recorder(calls), max_late="100ms", catch_up="30s",
+    s.every(REPORT, "1s", _recorder(calls), max_late="100ms", catch_up="30s",
             catch_up_mode="none")
     await s.start()
     try:
@@ -194,7 +198,7 @@ async def test_none_catches_nothing_up_even_with_a_window() -> None:
 async def test_latest_still_runs_only_the_newest_missed_slot() -> None:
     calls = Calls()
     s = Scheduler(MemoryBackend(), instance_id="A")
-    s.every("report", "1s", _recorder(calls), max_late="100ms", catch_up="30s")
+    s.every(REPORT, "1s", _recorder(calls), max_late="100ms", catch_up="30s")
     await _clear_of_a_slot()
     started = real_ms()
     await s.start()
@@ -236,7 +240,7 @@ def test_bad_catch_up_options_name_the_job_option_and_value(
 ) -> None:
     s = Scheduler(MemoryBackend())
     with pytest.raises(ConfigurationError) as info:
-        s.every("report", "1s", lambda: None, **options)
+        s.every(REPORT, "1s", lambda: None, **options)
     text = str(info.value)
     assert "report" in text and option in text and message in text, text
 
@@ -250,5 +254,5 @@ def test_catch_up_limit_is_refused_on_a_one_off() -> None:
 def test_a_store_without_leases_refuses_catch_up_mode() -> None:
     s = Scheduler(ClaimOnlyMemoryBackend())
     with pytest.raises(ConfigurationError) as info:
-        s.every("report", "1s", lambda: None, catch_up_mode="none")
+        s.every(REPORT, "1s", lambda: None, catch_up_mode="none")
     assert "catch_up_mode" in str(info.value) and "leases" in str(info.value)

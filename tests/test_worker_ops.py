@@ -86,8 +86,8 @@ def test_metrics_and_probes_of_a_memory_worker(group: WorkerGroup) -> None:
     for name, kind in METRIC_NAMES.items():
         expected = f"{name}_count" if kind == "histogram" else name
         if name in ("anarchon_takeovers_total", "anarchon_lost_leases_total",
-                    "anarchon_store_errors_total"):
-            continue  # nothing taken over, lost or failed: no series yet
+                    "anarchon_cancels_total", "anarchon_store_errors_total"):
+            continue  # nothing taken over, lost, cancelled or failed: no series yet
         assert expected in names, (name, sorted(names))
     tick = frozenset({("scheduler", "default"), ("job", "tick")})
     assert scraped[("anarchon_run_start_lateness_seconds_count", tick)] >= 2
