@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import json
 import math
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -99,6 +99,29 @@ def buffer_hold_ms(lease_ms: int) -> int:
 def buffer_wait_ms(lease_left_ms: int, lease_ms: int) -> int:
     """The wait hint of a ``buffered`` answer: the blocking lease's remaining time, capped."""
     return max(1, min(lease_left_ms, lease_ms // 3 or 1, BUFFER_WAIT_CAP_MS))
+
+
+def buffer_answer(
+    c: RunClaim, live: Mapping[int, int], buffer: Mapping[int, int], now: int
+) -> ClaimOutcome | None:
+    """The buffer rule of a new ``buffer_*`` claim, for stores that decide it in Python.
+
+    ``live`` maps the job's slots with a live lease to their ``lease_until``; ``buffer``
+    holds its buffered slots (stale ones already dropped). The answer is ``buffered``
+    (the store then holds ``c.slot``: adds it, or renews its hold), ``overlap`` (no room),
+    or ``None``: its turn, so it leaves the buffer and runs.
+    """
+    busy = max(live, default=None)
+    head = min(buffer, default=None)
+    if busy is None and (head is None or head == c.slot):
+        return None
+    blocker = busy if busy is not None else head
+    assert blocker is not None
+    left = live[busy] - now if busy is not None else c.lease_ms
+    room = 1 if c.overlap == "buffer_one" else c.buffer_limit
+    if c.slot in buffer or len(buffer) < room:
+        return ClaimOutcome.buffered(blocker, buffer_wait_ms(left, c.lease_ms))
+    return ClaimOutcome.overlap(blocker)
 
 
 def cancel_reason(slot: int, instance_id: str) -> str:

@@ -33,8 +33,8 @@ from .base import (
     RunRecord,
     StoredResult,
     Wakeup,
+    buffer_answer,
     buffer_hold_ms,
-    buffer_wait_ms,
     build_history,
     cancel_reason,
     forget_after_ms,
@@ -261,16 +261,11 @@ class MemoryRunStore:
         if c.overlap == "skip" and busy is not None:
             return ClaimOutcome.overlap(busy)
         if c.overlap in BUFFER_POLICIES:
-            head = min(buffer) if buffer else None
-            if busy is not None or (head is not None and head != c.slot):
-                blocker = busy if busy is not None else head
-                assert blocker is not None
-                left = live[busy] - now if busy is not None else c.lease_ms
-                room = 1 if c.overlap == "buffer_one" else c.buffer_limit
-                if queued or len(buffer) < room:
+            answer = buffer_answer(c, live, buffer, now)
+            if answer is not None:
+                if answer.kind == "buffered":
                     buffer[c.slot] = now + buffer_hold_ms(c.lease_ms)
-                    return ClaimOutcome.buffered(blocker, buffer_wait_ms(left, c.lease_ms))
-                return ClaimOutcome.overlap(blocker)
+                return answer
             buffer.pop(c.slot, None)  # its turn: the run starts below
         elif c.overlap == "cancel_other":
             reason = cancel_reason(c.slot, c.instance_id)

@@ -41,8 +41,8 @@ from ..base import (
     RunReason,
     RunRecord,
     StoredResult,
+    buffer_answer,
     buffer_hold_ms,
-    buffer_wait_ms,
     cancel_reason,
     forget_after_ms,
     ms_to_datetime,
@@ -715,16 +715,11 @@ class Store:
         if c.overlap == "skip" and busy is not None:
             return ClaimOutcome.overlap(busy)
         if c.overlap in BUFFER_POLICIES:
-            head = min(buffer, default=None)
-            if busy is not None or (head is not None and head != c.slot):
-                blocker = busy if busy is not None else head
-                assert blocker is not None
-                left = live[busy] - now if busy is not None else c.lease_ms
-                room = 1 if c.overlap == "buffer_one" else c.buffer_limit
-                if queued or len(buffer) < room:
+            answer = buffer_answer(c, live, buffer, now)
+            if answer is not None:
+                if answer.kind == "buffered":
                     self._hold(c, now, queued)
-                    return ClaimOutcome.buffered(blocker, buffer_wait_ms(left, c.lease_ms))
-                return ClaimOutcome.overlap(blocker)
+                return answer
             if queued:  # its turn: the run starts below
                 _delete(BufferedSlot.objects.using(self.using).filter(job=c.job, slot=c.slot))
         elif c.overlap == "cancel_other":
