@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,8 +22,8 @@ from django.core.management.base import CommandError
 
 from django_anarchon.management.commands._probes import check_port
 
-from .redis_support import free_port
-from .support import ROOT, WorkerGroup, unavailable, wait_for, worker_group
+from .faults.servers import RedisStore
+from .support import ROOT, WorkerGroup, wait_for, worker_group
 
 pytestmark = pytest.mark.workers
 
@@ -157,44 +156,8 @@ def test_a_bad_port_is_refused(value: str) -> None:
     assert str(caught.value) == f"--health-port {value!r}: expected a TCP port number (0-65535)"
 
 
-class PrivateRedis:
-    """A redis-server of this test's own on a free port, that it can kill and start again."""
-
-    def __init__(self, directory: Path) -> None:
-        server = shutil.which("redis-server")
-        if server is None:
-            unavailable("redis-server is not installed")
-        self.server = str(server)
-        self.directory = directory
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.directory)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        wait_for(lambda: _pong(self.port), 10, f"redis-server on {self.port}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
-def _pong(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 def test_readyz_follows_the_store(tmp_path: Path) -> None:
-    redis = PrivateRedis(tmp_path)
-    redis.start()
+    redis = RedisStore()  # a private redis-server this test can kill and start again
     env = {"DJANGO_SETTINGS_MODULE": "tests.redisworker.settings",
            "ANARCHON_REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
            "ANARCHON_REDIS_STRATEGY": "lease", "ANARCHON_REDIS_PREFIX": "anarchon-readyz",
@@ -216,4 +179,4 @@ def test_readyz_follows_the_store(tmp_path: Path) -> None:
                      "/readyz 200 once the store is back")
             group.stop_all()
     finally:
-        redis.kill()
+        redis.close()

@@ -345,11 +345,19 @@ class RedisStore(Store):
             client.close()
         return f"CLIENT KILL TYPE normal: {n} clients"
 
-    def restart(self) -> str:
+    def kill(self) -> None:
+        """A crash (SIGKILL); the AOF (fsync always) holds every acknowledged write."""
         assert self.proc is not None
-        kill_group(self.proc)  # a crash; the AOF (fsync always) holds every acknowledged write
+        kill_group(self.proc)
         self.proc.wait(30)
+
+    def start(self) -> None:
+        """Start it again after ``kill()``, on the same port and directory."""
         self._start()
+
+    def restart(self) -> str:
+        self.kill()
+        self.start()
         return "SIGKILL, start from the AOF"
 
 
