@@ -25,6 +25,8 @@ ANARCHON = {
         "LEASE": os.environ.get("ANARCHON_DBW_LEASE", "3s"),
         "THREADS": 25,
         "JOB_DEFAULTS": {"history_size": 1000},
+        # a spool of the test's own: a record spooled by one worker is replayed by the next
+        "SPOOL": os.environ.get("ANARCHON_DBW_SPOOL") or None,
     },
 }
 ROOT_URLCONF = "tests.dbworkerapp.urls"
