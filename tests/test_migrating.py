@@ -7,9 +7,17 @@ after blocks register:
 
 * Celery ``beat_schedule`` entries, django-celery-beat ``PeriodicTask`` rows (with the
   ``IntervalSchedule`` / ``CrontabSchedule`` / ``ClockedSchedule`` they name), APScheduler
-  ``add_job`` calls and django-q2 ``Schedule`` rows are read from the Python syntax tree,
-  never executed (none of those libraries is a dependency of this project);
+  ``add_job`` calls and django-q2 ``Schedule`` rows are read from the Python syntax tree
+  (the blocks import django-celery-beat, django-apscheduler and django-q2, which are not
+  installed);
 * crontab lines pair with the job named after the ``manage.py`` command they run.
+
+Then the libraries that can be had cheaply (Celery and APScheduler 3, in the ``dev`` extra
+only) compute the same schedules themselves: the Celery block is executed (it only builds
+an app) and beat's own ``crontab`` gives the fire times; django-celery-beat's crontab rows
+go through Celery's ``crontab`` too; each ``add_job`` becomes APScheduler's own trigger.
+Those must fire when the jobs fire, and the job options the page maps (``expires``,
+``misfire_grace_time``, ``jitter``, ``coalesce``, ``max_instances``) must be the jobs'.
 
 A cron schedule must fire at the same instants as its job over a year of fires and the two
 2026 DST changes of its zone, computed by the project's own ``Cron``; an interval must be
@@ -193,21 +201,49 @@ def aps_cron(kwargs: dict[str, Any]) -> str:
                      fields["month"], weekday])
 
 
-def read_apscheduler(block: Block) -> dict[str, Spec]:
-    """``add_job(func, trigger, ..., id=...)`` calls, in the scheduler's zone."""
+@dataclass(frozen=True)
+class AddJob:
+    """One ``add_job(func, trigger, **kwargs)`` call, and the zone of its scheduler."""
+
+    id: str
+    trigger: str
+    kwargs: dict[str, Any]
+    timezone: str
+
+
+def apscheduler_calls(block: Block) -> list[AddJob]:
     calls = [node for node in ast.walk(ast.parse(block.text)) if isinstance(node, ast.Call)]
-    timezone, specs = "UTC", {}
+    timezone = "UTC"
     for node in calls:
         if _callee(node).endswith("Scheduler"):
             for keyword in node.keywords:
                 if keyword.arg == "timezone":
                     timezone = value(keyword.value, {})
+    found = []
     for node in calls:
-        if not _callee(node).endswith(".add_job"):
-            continue
-        kwargs = {k.arg: value(k.value, {}) for k in node.keywords if k.arg}
-        trigger = value(node.args[1], {})
-        job = kwargs.pop("id")
+        if _callee(node).endswith(".add_job"):
+            kwargs = {k.arg: value(k.value, {}) for k in node.keywords if k.arg}
+            found.append(AddJob(kwargs.pop("id"), value(node.args[1], {}), kwargs, timezone))
+    return found
+
+
+_APS_TRIGGER_ARGS = {
+    "cron": set(_APS_ORDER) | {"timezone", "jitter"},
+    "interval": {"weeks", "days", "hours", "minutes", "seconds", "jitter"},
+    "date": {"run_date", "timezone"},
+}
+
+
+def trigger_kwargs(call: AddJob) -> dict[str, Any]:
+    """The arguments of ``add_job`` that go to its trigger (the rest are job options)."""
+    return {k: v for k, v in call.kwargs.items() if k in _APS_TRIGGER_ARGS[call.trigger]}
+
+
+def read_apscheduler(block: Block) -> dict[str, Spec]:
+    """``add_job(func, trigger, ..., id=...)`` calls, in the scheduler's zone."""
+    specs = {}
+    for call in apscheduler_calls(block):
+        job, trigger, kwargs, timezone = call.id, call.trigger, call.kwargs, call.timezone
         if trigger == "cron":
             fields = {k: v for k, v in kwargs.items() if k in _APS_ORDER}
             specs[job] = Spec("cron", aps_cron(fields), str(kwargs.get("timezone", timezone)))
@@ -292,9 +328,10 @@ for alias in schedulers:
     scheduler = schedulers[alias]
     for info in scheduler.jobs():
         schedule = scheduler.get_job(info.name).schedule
-        jobs[info.name] = {"kind": info.type, **{k: getattr(schedule, k, None) for k in (
-            "expression", "timezone", "dst_gap", "dst_fold", "interval_ms", "offset_ms",
-            "at_ms")}}
+        jobs[info.name] = {"kind": info.type, "options": info.options, **{
+            k: getattr(schedule, k, None) for k in (
+                "expression", "timezone", "dst_gap", "dst_fold", "interval_ms", "offset_ms",
+                "at_ms")}}
 print("JOBS " + json.dumps(jobs))
 '''
 
@@ -405,3 +442,129 @@ def test_the_crontab_reader_names_lines_by_their_command(tmp_path: Path) -> None
     block = Block(page="test", line=1, lang="crontab", marker="before", reason=None,
                   text="MAILTO=x@example.com\n0 4 * * * cd /srv && python manage.py flush_cache --all\n")
     assert read_crontab(block, {}) == {"flush_cache": Spec("cron", "0 4 * * *", "UTC")}
+
+
+# -- the same before blocks, read by the libraries themselves (in the dev extra) -------------------
+
+
+def _block_with(marker: str) -> Block:
+    (block,) = [b for b in _before_blocks() if marker in b.text]
+    return block
+
+
+def _ms(when: datetime.datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
+def _job_cron(job: dict[str, Any]) -> Cron:
+    return Cron(job["expression"], job["timezone"], job["dst_gap"], job["dst_fold"])
+
+
+#: Half a minute past each start, so that no start is itself a fire time of any example.
+_REAL_STARTS = [start + datetime.timedelta(seconds=30) for start in _STARTS]
+
+
+def celery_fires(schedule: Any, start: datetime.datetime, n: int) -> list[int]:
+    """Celery's own next times: the time left after a run at ``t``, from ``t``."""
+    out, t = [], start
+    for _ in range(n):
+        schedule.nowfun = lambda t=t: t
+        t = t + schedule.remaining_estimate(t)
+        out.append(_ms(t))
+    return out
+
+
+def test_celery_runs_the_before_block_and_fires_with_the_jobs(
+    after_jobs: dict[str, dict[str, Any]],
+) -> None:
+    """The Celery app of the page, built by Celery: its beat entries against the jobs."""
+    from celery.schedules import crontab, maybe_schedule
+
+    namespace: dict[str, Any] = {}
+    block = _block_with("beat_schedule")
+    exec(compile(block.text, block.id, "exec"), namespace)
+    app = namespace["app"]
+    assert app.conf.beat_schedule, "the block's app has no beat_schedule"
+    for name, entry in app.conf.beat_schedule.items():
+        job = after_jobs[name]
+        schedule = maybe_schedule(entry["schedule"], app=app)
+        if isinstance(schedule, crontab):
+            for start in _REAL_STARTS:
+                ours = fires(_job_cron(job), start, 40)
+                assert celery_fires(schedule, start, 40) == ours, (name, start)
+        else:
+            assert schedule.run_every.total_seconds() * 1000 == job["interval_ms"], name
+        expires = entry.get("options", {}).get("expires")
+        if expires is not None:  # dropped when not started in time: max_late
+            assert job["options"]["max_late_ms"] == expires * 1000, name
+
+
+def test_django_celery_beat_rows_fire_with_the_jobs(after_jobs: dict[str, dict[str, Any]]) -> None:
+    """Each row's CrontabSchedule as the Celery crontab it becomes, in the row's zone."""
+    from celery import Celery
+    from celery.schedules import crontab
+
+    specs = read_django_celery_beat(_block_with("PeriodicTask"))
+    crons = {name: spec for name, spec in specs.items() if spec.kind == "cron"}
+    assert crons
+    for name, spec in crons.items():
+        app = Celery("rows")
+        app.conf.timezone = spec.timezone
+        minute, hour, day_of_month, month_of_year, day_of_week = spec.expression.split()
+        schedule = crontab(minute=minute, hour=hour, day_of_month=day_of_month,
+                           month_of_year=month_of_year, day_of_week=day_of_week, app=app)
+        for start in _REAL_STARTS:
+            assert celery_fires(schedule, start, 40) == fires(_job_cron(after_jobs[name]), start, 40)
+
+
+def test_apscheduler_triggers_fire_with_the_jobs(after_jobs: dict[str, dict[str, Any]]) -> None:
+    """Each ``add_job`` of the page as APScheduler 3 builds its trigger, and its job options."""
+    from apscheduler.triggers.cron import CronTrigger
+    from apscheduler.triggers.date import DateTrigger
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    calls = apscheduler_calls(_block_with(".add_job("))
+    assert {call.trigger for call in calls} == {"cron", "interval", "date"}
+    for call in calls:
+        job, arguments = after_jobs[call.id], trigger_kwargs(call)
+        arguments.pop("jitter", None)  # a random delay: compared below, as an option
+        if call.trigger == "cron":
+            trigger = CronTrigger(**{"timezone": call.timezone, **arguments})
+            for start in _REAL_STARTS:
+                theirs, previous, now = [], None, start
+                for _ in range(40):
+                    previous = now = trigger.get_next_fire_time(previous, now)
+                    theirs.append(_ms(previous))
+                assert theirs == fires(_job_cron(job), start, 40), (call.id, start)
+        elif call.trigger == "interval":
+            interval = IntervalTrigger(**arguments, timezone=call.timezone).interval
+            assert interval.total_seconds() * 1000 == job["interval_ms"], call.id
+        else:
+            when = DateTrigger(**arguments, timezone=call.timezone).run_date
+            assert _ms(when) == job["at_ms"], call.id
+        options, given = job["options"], call.kwargs
+        if "jitter" in given:
+            assert options["jitter_ms"] == given["jitter"] * 1000, call.id
+        if "misfire_grace_time" in given:
+            assert options["max_late_ms"] == given["misfire_grace_time"] * 1000, call.id
+        if given.get("coalesce") is True:  # missed runs run once: catch-up of the latest
+            assert options["catch_up_ms"] > 0 and options["catch_up_mode"] == "latest", call.id
+        if given.get("max_instances") == 1:
+            assert options["overlap"] == "skip", call.id
+
+
+def test_apscheduler_reader_agrees_with_apscheduler() -> None:
+    """The reader's translation (minimum fields, Monday-0 weekdays) is APScheduler's own."""
+    from apscheduler.triggers.cron import CronTrigger
+
+    cases = [{"day_of_week": 0, "hour": 6}, {"day_of_week": "mon-fri", "hour": 7, "minute": 30},
+             {"day": 1, "hour": 2}, {"minute": "*/20"}, {"day_of_week": 6, "hour": 23}]
+    for fields in cases:
+        cron = Cron(aps_cron(fields), "Europe/Berlin")
+        trigger = CronTrigger(timezone="Europe/Berlin", **fields)
+        for start in _REAL_STARTS:
+            theirs, previous, now = [], None, start
+            for _ in range(30):
+                previous = now = trigger.get_next_fire_time(previous, now)
+                theirs.append(_ms(previous))
+            assert theirs == fires(cron, start, 30), (fields, start)
