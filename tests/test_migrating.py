@@ -545,10 +545,12 @@ def test_apscheduler_triggers_fire_with_the_jobs(after_jobs: dict[str, dict[str,
         options, given = job["options"], call.kwargs
         if "jitter" in given:
             assert options["jitter_ms"] == given["jitter"] * 1000, call.id
-        if "misfire_grace_time" in given:
-            assert options["max_late_ms"] == given["misfire_grace_time"] * 1000, call.id
-        if given.get("coalesce") is True:  # missed runs run once: catch-up of the latest
-            assert options["catch_up_ms"] > 0 and options["catch_up_mode"] == "latest", call.id
+        if "misfire_grace_time" in given:  # a later run is dropped, late or missed while down
+            grace_ms = given["misfire_grace_time"] * 1000
+            assert options["max_late_ms"] == grace_ms, call.id
+            assert options["catch_up_ms"] == grace_ms, call.id
+        if given.get("coalesce", True):  # of the missed runs, only the newest
+            assert options["catch_up_mode"] == "latest", call.id
         if given.get("max_instances") == 1:
             assert options["overlap"] == "skip", call.id
 
