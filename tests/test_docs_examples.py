@@ -43,10 +43,19 @@ A block that cannot run as it is says so just before its fence, visibly in the M
 such as systemd), or ``<!-- example: collect reason="..." -->`` (a contract example
 against a backend that is only a skeleton: collected, not run). Any other block fails
 with "no way to run it".
+
+``<!-- example: before -->`` marks what a migration guide shows of another scheduler (a
+Celery ``beat_schedule``, an APScheduler command, a crontab): such a block cannot run here
+(its library is not a dependency), so a ``python`` one is parsed and checked for undefined
+names, and each line of a ``crontab`` one must be a variable or five cron fields that the
+project's own parser takes, and a command. ``tests/test_migrating.py`` goes further for
+``docs/migrating.md``: every schedule a before block declares must fire when the job of the
+same name in its after blocks fires.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import configparser
 import copy
@@ -87,7 +96,9 @@ PAGES = [
 ]
 BIN = Path(sys.executable).parent
 _FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)\s*$")
-_MARKER = re.compile(r'^<!--\s*example:\s*(output|skip|collect)(?:\s+reason="([^"]+)")?\s*-->$')
+_MARKER = re.compile(
+    r'^<!--\s*example:\s*(output|skip|collect|before)(?:\s+reason="([^"]+)")?\s*-->$'
+)
 _HEADER = re.compile(r"^#\s*([\w./-]+\.py)\b")
 _DECORATOR = re.compile(r"^\s*@(every|cron|at)\(", re.MULTILINE)
 #: Names a settings snippet may use: a settings module defines them above the snippet.
@@ -313,7 +324,8 @@ def test_the_pages_have_blocks() -> None:
     langs = {block.lang for block in BLOCKS}
     assert {"python", "console", "ini", "yaml"} <= langs, langs
     assert len(BLOCKS) >= 40, len(BLOCKS)
-    markers = [block for block in BLOCKS if block.marker]
+    # Blocks of another scheduler ("before") are checked (parsed), not left out: not counted.
+    markers = [block for block in BLOCKS if block.marker and block.marker != "before"]
     assert len(markers) <= 10, [b.id for b in markers]
     assert all(b.marker == "output" or b.reason for b in markers), [b.id for b in markers]
 
@@ -327,6 +339,9 @@ def test_block(
     request: pytest.FixtureRequest,
 ) -> None:
     if block.marker in ("output", "skip"):
+        return
+    if block.marker == "before":
+        _before_block(block)
         return
     if block.lang == "python":
         _ruff_names(block)
@@ -363,6 +378,51 @@ def test_block(
             f"{block.id}: a ```{block.lang} block has no way to run it; make it runnable, or "
             'mark an output sample with <!-- example: output --> just before it'
         )
+
+
+# -- another scheduler's configuration (migration guides) ---------------------------------------
+
+
+def _before_block(block: Block) -> None:
+    """What a guide shows of the scheduler one moves from: it parses, as that scheduler reads it."""
+    if block.lang == "python":
+        ast.parse(block.text, filename=block.id)
+        _ruff_names(block)
+    elif block.lang == "crontab":
+        crontab_entries(block)
+    else:
+        pytest.fail(f"{block.id}: a before block is python or crontab, not {block.lang!r}")
+
+
+@dataclass(frozen=True)
+class CrontabEntry:
+    line: int
+    expression: str
+    command: str
+
+
+def crontab_entries(block: Block) -> list[CrontabEntry]:
+    """The jobs of a crontab block; each expression must be one the project's parser takes."""
+    from django_anarchon.schedules import Cron
+
+    entries = []
+    for number, raw in enumerate(block.text.splitlines(), start=block.line + 1):
+        line = raw.strip()
+        if not line or line.startswith("#") or _CRONTAB_VARIABLE.match(line):
+            continue
+        fields = line.split(None, 5)
+        assert len(fields) == 6, f"{block.id}: line {number} is not five fields and a command"
+        expression = " ".join(fields[:5])
+        try:
+            Cron(expression, "UTC")
+        except ValueError as exc:
+            pytest.fail(f"{block.id}: line {number}: {expression!r}: {exc}")
+        entries.append(CrontabEntry(line=number, expression=expression, command=fields[5]))
+    assert entries, f"{block.id}: a crontab block without a job"
+    return entries
+
+
+_CRONTAB_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\s*=")
 
 
 # -- python ----------------------------------------------------------------------------------
