@@ -8,11 +8,14 @@ and Redis; every wait is a condition with a deadline.
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import subprocess
 import sys
 import textwrap
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +30,8 @@ from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.contrib.otel import extract_context, inject_context, instrument
 from django_anarchon.engine import JobContext, Scheduler
 
-from .support import ROOT
+from .support import ROOT, worker_group
+from .support import wait_for as sync_wait_for
 from .test_engine_support import FlakyClaimBackend, iso_in
 
 user_tracer_provider = TracerProvider()
@@ -415,3 +419,50 @@ def test_importable_without_opentelemetry() -> None:
     assert "REFUSED django_anarchon.contrib.otel.instrument() needs opentelemetry-api: " \
         "pip install 'django-anarchon[otel]'" in done.stdout
     assert "OK False" in done.stdout, done.stdout
+
+
+# -- anarchon_worker --traces --------------------------------------------------------------
+
+
+@pytest.mark.workers
+def test_the_worker_traces_with_the_global_provider(tmp_path: Path) -> None:
+    spans_file = tmp_path / "spans.jsonl"
+    spans_file.touch()
+    env = {"DJANGO_SETTINGS_MODULE": "tests.otel_worker_settings",
+           "ANARCHON_TEST_OUT": str(tmp_path / "out.txt"), "ANARCHON_TEST_SPANS": str(spans_file)}
+
+    def written() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in spans_file.read_text().splitlines()]
+
+    def a_whole_tick() -> bool:
+        found = written()
+        runs = [s for s in found if s["name"] == "run tick"]
+        return any(
+            {"claim tick", "finish tick", "save_result tick"}
+            <= {s["name"] for s in found if s["parent"] == run["span_id"]}
+            for run in runs
+        )
+
+    with worker_group(tmp_path, env) as group:
+        group.start("W1", "--traces", grace="2s")
+        group.wait_started()
+        assert "  traces OpenTelemetry (opentelemetry.sdk.trace.TracerProvider)" in group.output("W1")
+        sync_wait_for(a_whole_tick, 30, "a tick's attempt span with its claim and store calls")
+        proc = group.procs["W1"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, group.output("W1")
+    run = next(s for s in written() if s["name"] == "run tick")
+    assert run["attributes"]["anarchon.instance"] == "W1"
+    assert run["parent"] is None
+
+
+def test_traces_without_opentelemetry_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.core.management.base import CommandError
+
+    from django_anarchon.contrib import otel
+    from django_anarchon.management.commands._probes import start_traces
+
+    monkeypatch.setattr(otel, "HAVE_OTEL", False)
+    with pytest.raises(CommandError, match=r"^--traces needs opentelemetry-api: "
+                       r"pip install 'django-anarchon\[otel\]'$"):
+        start_traces([Scheduler(MemoryBackend())])
