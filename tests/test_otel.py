@@ -337,6 +337,52 @@ async def test_claim_only_store_and_run_now(exporter: InMemorySpanExporter) -> N
     assert "record_manual_run otel.manual" in names(below)
 
 
+async def test_a_stop_releases_and_the_backup_s_takeover_is_its_own_trace(
+    exporter: InMemorySpanExporter,
+) -> None:
+    backend = MemoryBackend()
+    started = asyncio.Event()
+
+    async def handler(ctx: JobContext) -> None:
+        if ctx.instance_id == "A":
+            started.set()
+            await ctx.signal.sleep(30)  # woken by the stop: the attempt is interrupted
+
+    a = Scheduler(backend, instance_id="A", lease="10s", heartbeat="200ms")
+    b = Scheduler(backend, instance_id="B", lease="10s", heartbeat="200ms")
+    when = iso_in(150)
+    for s in (a, b):
+        s.at("otel.handover", when, handler, max_attempts=2)
+        instrument(s, tracer_provider=user_tracer_provider)
+    await a.start()
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        await b.start()
+        await a.stop(grace="2s")
+        for _ in range(400):
+            if any(r.instance_id == "B" and r.status == "success"
+                   for r in await b.ahistory("otel.handover")):
+                break
+            await asyncio.sleep(0.025)
+    finally:
+        await asyncio.gather(a.stop("2s"), b.stop("2s"))
+    by_instance = {
+        dict(run.attributes or {})["anarchon.instance"]: run
+        for run in spans(exporter, "run otel.handover")
+    }
+    assert set(by_instance) == {"A", "B"}, names(spans(exporter))
+    first, second = dict(by_instance["A"].attributes or {}), dict(by_instance["B"].attributes or {})
+    assert (first["anarchon.outcome"], first["anarchon.abort_reason"]) == ("interrupted", "stop")
+    assert by_instance["A"].status.status_code is StatusCode.UNSET  # a stop is not an error
+    released = [s for s in children(exporter, by_instance["A"]) if s.name == "release otel.handover"]
+    assert [dict(s.attributes or {})["anarchon.outcome"] for s in released] == ["accepted"]
+    assert (second["anarchon.reason"], second["anarchon.attempt"]) == ("takeover", 2)
+    assert second["anarchon.outcome"] == "success"
+    assert "claim otel.handover" in names(children(exporter, by_instance["B"]))
+    assert by_instance["A"].context is not None and by_instance["B"].context is not None
+    assert by_instance["A"].context.trace_id != by_instance["B"].context.trace_id
+
+
 # -- real stores ---------------------------------------------------------------------------
 
 
