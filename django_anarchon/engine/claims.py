@@ -274,7 +274,11 @@ class ClaimFlows:
                 try:
                     outcomes = await retry_store_call(
                         what,
-                        lambda: runs.claim_many(claims),  # type: ignore[attr-defined]
+                        lambda: host.tracing.store(
+                            "claim_many",
+                            runs.claim_many(claims),  # type: ignore[attr-defined]
+                            tokens=[c.token for c in claims],
+                        ),
                         deadline_ms=deadline,
                         give_up=lambda: host.stopping,
                     )
@@ -300,7 +304,11 @@ class ClaimFlows:
             try:
                 won = await retry_store_call(
                     what,
-                    lambda: host.backend.claim_many(inputs),  # type: ignore[union-attr]
+                    lambda: host.tracing.store(
+                        "claim_many",
+                        host.backend.claim_many(inputs),  # type: ignore[union-attr]
+                        tokens=[c.token for c in inputs],
+                    ),
                     deadline_ms=deadline,
                     give_up=lambda: host.stopping,
                 )
@@ -406,7 +414,10 @@ class ClaimFlows:
                 with self.capacity.holding(units):
                     won = await retry_store_call(
                         what,
-                        lambda: host.backend.claim(claim),
+                        lambda: host.tracing.store(
+                            "claim", host.backend.claim(claim), job=job.name, slot=slot,
+                            token=claim.token,
+                        ),
                         deadline_ms=slot + job.options.max_late_ms,
                         give_up=lambda: host.stopping,
                     )
@@ -423,7 +434,10 @@ class ClaimFlows:
             try:
                 await retry_store_call(
                     f"{what}: record_claim",
-                    lambda: record_claim(claim),
+                    lambda: host.tracing.store(
+                        "record_claim", record_claim(claim), job=job.name, slot=slot,
+                        token=claim.token,
+                    ),
                     deadline_ms=now_ms() + 30_000,
                 )
             except Exception as exc:
@@ -458,7 +472,10 @@ class ClaimFlows:
             with self.capacity.holding(units):
                 outcome = await retry_store_call(
                     what,
-                    lambda: runs.claim(claim),
+                    lambda: host.tracing.store(
+                        "claim", runs.claim(claim), job=claim.job, slot=claim.slot,
+                        token=claim.token,
+                    ),
                     deadline_ms=deadline_ms,
                     give_up=lambda: host.stopping,
                 )
@@ -640,7 +657,11 @@ class ClaimFlows:
         assert runs is not None and attempt.token is not None
         token = attempt.token
         try:
-            if await runs.release(attempt.job.name, attempt.slot, token):
+            released = host.tracing.store(
+                "release", runs.release(attempt.job.name, attempt.slot, token),
+                job=attempt.job.name, slot=attempt.slot, token=token,
+            )
+            if await released:
                 await send_wakeup(host.backend, Wakeup("released", job=attempt.job.name))
         except Exception as exc:
             logger.warning(

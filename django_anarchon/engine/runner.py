@@ -82,6 +82,7 @@ from .wake import send_wakeup
 
 if TYPE_CHECKING:
     from .owed import OwedRecords
+    from .tracing import Tracing
 
 __all__ = ["UNSET", "Attempt", "Runner", "RunnerHost"]
 
@@ -110,6 +111,7 @@ class RunnerHost(Protocol):
     heartbeat_ms: int
     data: Any
     owed: OwedRecords
+    tracing: Tracing
 
     def executor(self) -> Executor: ...
 
@@ -133,6 +135,8 @@ class Attempt:
     lost: bool = False
     #: Why a ``cancel_other`` claim of this instance fenced it (``None``: it did not).
     cancelled: str | None = None
+    #: What the handler (or data provider) raised, or its timeout: for the attempt's trace.
+    exception: BaseException | None = None
     _interrupted: asyncio.Future[str] | None = field(default=None, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
     #: Serialises this attempt's heartbeat, finish and release calls (one at a time).
@@ -238,7 +242,16 @@ class Runner:
         )
 
     async def run(self, attempt: Attempt) -> RunRecord:
-        """Run ``attempt`` to its end and record it; never raises (except cancellation)."""
+        """Run ``attempt`` to its end and record it; never raises (except cancellation).
+
+        Under the attempt's trace (``engine/tracing.py``): its span is current meanwhile.
+        """
+        with self.host.tracing.attempt(attempt) as trace:
+            record = await self._run(attempt)
+            trace.end(record, attempt.exception)
+            return record
+
+    async def _run(self, attempt: Attempt) -> RunRecord:
         loop = asyncio.get_running_loop()
         attempt._loop = loop
         attempt._interrupted = loop.create_future()
@@ -400,6 +413,7 @@ class Runner:
             timeout_error = JobTimeoutError(
                 f"job {job.name!r} ran longer than its timeout of {limit}"
             )
+            attempt.exception = timeout_error
             logger.warning(
                 "job %s slot %s attempt %s: %s",
                 job.name,
@@ -410,6 +424,7 @@ class Runner:
             return "failed", f"{type(timeout_error).__name__}: {timeout_error}"
         prefix = "data provider failed: " if provider else ""
         if isinstance(result, _Raised):
+            attempt.exception = result.exc
             if result.aborted:
                 return "interrupted", prefix + error_text(result.exc)
             logger.warning(
@@ -454,7 +469,9 @@ class Runner:
             future = loop.create_task(_in_task(fn, ctx, started), name=f"anarchon-run-{ctx.name}")
         else:
             gate = _Gate(attempt.signal, loop, started)
-            thread_future = self.host.executor().submit(_in_thread, gate, fn, ctx)
+            thread_future = self.host.executor().submit(
+                self.host.tracing.thread(_in_thread), gate, fn, ctx
+            )
             future = asyncio.wrap_future(thread_future, loop=loop)
         deadline: float | None = None
         while True:
@@ -557,7 +574,9 @@ class Runner:
         async def beat() -> bool | None:
             if attempt._settled:  # finish()/release() answered while this one waited
                 return None
-            return await runs.heartbeat(job, slot, token, lease_ms)
+            return await self.host.tracing.store(
+                "heartbeat", runs.heartbeat(job, slot, token, lease_ms), job=job, slot=slot
+            )
 
         while not attempt._settled:
             await asyncio.sleep(self.host.heartbeat_ms / 1000)
@@ -594,7 +613,9 @@ class Runner:
         async def finish() -> bool:
             # Repeat-safe: a retry after a lost reply finds the run finished by this very
             # token with this status, and the store answers True again.
-            finished = await runs.finish(job, slot, token, status)
+            finished = await self.host.tracing.store(
+                "finish", runs.finish(job, slot, token, status), job=job, slot=slot
+            )
             attempt._settled = True
             return finished
 
@@ -615,7 +636,9 @@ class Runner:
         job, slot, token = attempt.job.name, attempt.slot, attempt.token
 
         async def release() -> bool:
-            released = await runs.release(job, slot, token)
+            released = await self.host.tracing.store(
+                "release", runs.release(job, slot, token), job=job, slot=slot
+            )
             attempt._settled = True
             return released
 
@@ -639,8 +662,13 @@ class Runner:
         try:
             await retry_store_call(
                 self._what(attempt, "save_result"),
-                lambda: backend.save_result(
-                    attempt.job.name, result, options.history_size, options.history_ttl_ms
+                lambda: self.host.tracing.store(
+                    "save_result",
+                    backend.save_result(
+                        attempt.job.name, result, options.history_size, options.history_ttl_ms
+                    ),
+                    job=attempt.job.name,
+                    slot=attempt.slot,
                 ),
                 deadline_ms=now_ms() + RECORD_RETRY_MS,
                 give_up=self.host.owed.past_cut,

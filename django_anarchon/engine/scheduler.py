@@ -56,6 +56,7 @@ from .owed import STOP_BOUND_MS, STOP_NOW_BOUND_MS, OwedRecords
 from .pool import DaemonThreadPool
 from .runner import UNSET, Attempt, Runner
 from .timer import Timer, now_ms
+from .tracing import NO_TRACING, Tracing
 from .wake import WakeHub, WakeListener
 
 __all__ = ["JobSpecLike", "Scheduler"]
@@ -196,6 +197,8 @@ class Scheduler:
         #: The store's clock as seen from here: timers are armed by it (engine/clock.py).
         self.clock = StoreClock(f"scheduler {self.name}")
         self._listener: WakeListener | None = None
+        #: The hooks that trace attempts and store calls (``contrib.otel.instrument()``).
+        self.tracing: Tracing = NO_TRACING
 
     # -- configuration helpers ------------------------------------------------------
 
@@ -943,7 +946,10 @@ class Scheduler:
         )
         slot = await retry_store_call(
             f"scheduler {self.name}: record_manual_run of job {job.name}",
-            lambda: self.backend.record_manual_run(claim),
+            lambda: self.tracing.store(
+                "record_manual_run", self.backend.record_manual_run(claim), job=job.name,
+                slot=claim.slot, token=claim.token,
+            ),
             deadline_ms=now_ms() + 30_000,
         )
         attempt = Attempt(

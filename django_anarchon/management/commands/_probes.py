@@ -75,6 +75,36 @@ def start_metrics_server(schedulers: Sequence[Scheduler], address: str, port: in
     return server, int(server.server_address[1])
 
 
+def start_traces(schedulers: Sequence[Scheduler]) -> str:
+    """Instrument the schedulers (``contrib.otel``); what the banner says of the provider."""
+    from django_anarchon.contrib.otel import HAVE_OTEL, instrument
+
+    if not HAVE_OTEL:
+        raise CommandError(
+            "--traces needs opentelemetry-api: pip install 'django-anarchon[otel]'"
+        )
+    from opentelemetry import trace
+
+    for scheduler in schedulers:
+        instrument(scheduler)
+    provider = trace.get_tracer_provider()
+    if type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider"):
+        return "OpenTelemetry, but no tracer provider is set: spans go nowhere"
+    return f"OpenTelemetry ({type(provider).__module__}.{type(provider).__qualname__})"
+
+
+def flush_traces() -> None:
+    """Export the spans still buffered (a batch processor) before the worker exits."""
+    from opentelemetry import trace
+
+    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if callable(flush):
+        try:
+            flush()
+        except Exception:
+            logger.exception("flushing the OpenTelemetry spans failed")
+
+
 class HealthServer:
     """``/livez`` and ``/readyz`` for the schedulers of one worker."""
 

@@ -29,7 +29,7 @@ from django_anarchon.jobs import check_instance_id
 from django_anarchon.redact import describe_backend
 
 from ._output import chosen_aliases, store_errors
-from ._probes import HealthServer, check_port, start_metrics_server, url
+from ._probes import HealthServer, check_port, flush_traces, start_metrics_server, start_traces, url
 
 if TYPE_CHECKING:
     from django_anarchon.engine import Scheduler
@@ -72,6 +72,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-address", metavar="ADDR", default="0.0.0.0",
             help="The address --metrics-port listens on (default 0.0.0.0).",
+        )
+        parser.add_argument(
+            "--traces", action="store_true",
+            help="Trace each attempt with OpenTelemetry, to the global tracer provider "
+                 "(needs the [otel] extra).",
         )
         parser.add_argument(
             "--health-port", metavar="PORT",
@@ -133,6 +138,8 @@ class Command(BaseCommand):
             address = options["metrics_address"]
             metrics_server, bound = start_metrics_server(schedulers, address, metrics_port)
             endpoints.append(f"  metrics {url(address, bound, '/metrics')}")
+        if options["traces"]:
+            endpoints.append(f"  traces {start_traces(schedulers)}")
         worker = Worker(schedulers, grace_ms, health, self.stdout.write)
         worker.endpoints = endpoints
         if health_port is not None:
@@ -144,6 +151,8 @@ class Command(BaseCommand):
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
+            if options["traces"]:
+                flush_traces()
             clean = _close_loop(runner)
         if not clean or any(t.is_alive() and not t.daemon for t in threading.enumerate()[1:]):
             # A handler that ignored its abort signal (a thread) or its cancellation (a
