@@ -452,7 +452,9 @@ def build_job(
         )
     else:
         schedule = make_once(job, spec)
-    target = fn.target if isinstance(fn, TaskBeat) else None
+    target = None
+    if isinstance(fn, TaskBeat):
+        target, fn.keep = fn.target, opts.history_size
     return Job(name=job, schedule=schedule, handler=fn, options=opts, origin=origin, target=target)
 
 

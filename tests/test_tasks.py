@@ -101,6 +101,17 @@ def test_a_manual_run_enqueues_the_task_with_the_slot_arguments() -> None:
     )
 
 
+@pytest.mark.django_db
+def test_the_records_are_kept_like_the_history() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    name = _name("kept")
+    s.every(name, "1h", tasks.report, history_size=2)
+    slots = [s.run_now(name).slot for _ in range(3)]
+    assert len(_rows(name, "default")) == 3  # the tasks are the task system's to prune
+    kept = sorted(EnqueuedTask.objects.filter(job=name).values_list("slot", flat=True))
+    assert kept == sorted(slots)[1:]
+
+
 def _ctx(job: str, slot: int, attempt: int = 2) -> JobContext:
     return JobContext(name=job, slot=slot, scheduled_at=datetime.fromtimestamp(slot / 1000, UTC),
                       instance_id="B", manual=False, data=None, signal=AbortSignal(),

@@ -56,6 +56,8 @@ class TaskBeat:
     def __init__(self, job: str, target: TaskTarget) -> None:
         self.target = target
         self.accepted = check_target(job, target)
+        #: How many records of the job to keep (its ``history_size``; set by ``build_job``).
+        self.keep = 100
         function = target.function()
         inner = getattr(function, "func", function)  # a functools.partial (takes_context)
         self.__module__ = getattr(inner, "__module__", type(self).__module__)
@@ -81,9 +83,22 @@ class TaskBeat:
         kwargs = slot_kwargs(ctx, self.accepted)
         alias = self.target.database_alias()
         store = _database_store(backend)
+        using = _records_alias(store, alias)
         if store is not None and token is not None and alias == store.using:
-            return self._in_one_transaction(ctx, kwargs, store, token, finishing)
-        return self._record_first(ctx, kwargs, _records_alias(store, alias))
+            task_id = self._in_one_transaction(ctx, kwargs, store, token, finishing)
+        else:
+            task_id = self._record_first(ctx, kwargs, using)
+        self._prune(ctx.name, using)
+        return task_id
+
+    def _prune(self, job: str, using: str) -> None:
+        """Keep the job's newest ``keep`` records, as its history keeps its newest runs."""
+        from ..models import EnqueuedTask
+
+        records = EnqueuedTask._default_manager.using(using).filter(job=job)
+        oldest_kept = records.order_by("-slot").values_list("slot", flat=True)[self.keep - 1:self.keep]
+        for slot in oldest_kept:
+            records.filter(slot__lt=slot).delete()
 
     # -- exactly once ---------------------------------------------------------------------
 
