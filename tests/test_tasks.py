@@ -146,6 +146,21 @@ def test_a_takeover_that_cannot_tell_never_enqueues_again() -> None:
     assert _rows(name, "default") == []
 
 
+@pytest.mark.django_db
+def test_an_enqueue_that_raised_keeps_its_marker_and_is_not_retried_blindly() -> None:
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    name = _name("raised")
+    job = s.every(name, "1h", tasks.report, data=lambda ctx: object())  # not JSON: refused
+    record = s.run_now(name)
+    assert record.status == "failed" and record.error
+    mark = EnqueuedTask.objects.get(job=name)
+    assert (mark.state, mark.task_id) == ("enqueuing", "") and mark.error
+    with pytest.raises(EnqueueUnknownError, match="never recorded the outcome") as caught:
+        job.handler(_ctx(name, record.slot))
+    assert mark.error in str(caught.value)
+    assert _rows(name, "default") == []
+
+
 # -- one transaction, on PostgreSQL ---------------------------------------------------------
 
 

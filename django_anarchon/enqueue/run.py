@@ -23,10 +23,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, router, transaction
+from django.db import DatabaseError, IntegrityError, router, transaction
 from django.utils import timezone
 
 from ..exceptions import AnarchonError
+from ..redact import redact_text
 from .base import TaskTarget, check_target, slot_kwargs
 
 if TYPE_CHECKING:
@@ -92,13 +93,22 @@ class TaskBeat:
         return task_id
 
     def _prune(self, job: str, using: str) -> None:
-        """Keep the job's newest ``keep`` records, as its history keeps its newest runs."""
+        """Keep the job's newest ``keep`` records, as its history keeps its newest runs.
+
+        Best effort: the task is enqueued and recorded already, and a failed prune must
+        not make the run look failed (the next run prunes again).
+        """
         from ..models import EnqueuedTask
 
         records = EnqueuedTask._default_manager.using(using).filter(job=job)
-        oldest_kept = records.order_by("-slot").values_list("slot", flat=True)[self.keep - 1:self.keep]
-        for slot in oldest_kept:
-            records.filter(slot__lt=slot).delete()
+        try:
+            oldest_kept = list(
+                records.order_by("-slot").values_list("slot", flat=True)[self.keep - 1 : self.keep]
+            )
+            if oldest_kept:
+                records.filter(slot__lt=oldest_kept[0]).delete()
+        except DatabaseError as exc:
+            logger.warning("job %s: pruning its enqueued-task records failed: %s", job, exc)
 
     # -- exactly once ---------------------------------------------------------------------
 
@@ -164,7 +174,8 @@ class TaskBeat:
         except Exception as exc:
             # Whether it reached the task system is unknown: the marker stays, so no
             # later attempt enqueues again unless the target finds the task.
-            records.filter(pk=marker.pk).update(error=f"{type(exc).__name__}: {exc}"[:4000])
+            error = f"{type(exc).__name__}: {redact_text(exc)}"[:4000]
+            records.filter(pk=marker.pk).update(error=error)
             raise
         _enqueued(marker, task_id, ctx)
         marker.save(using=using)
