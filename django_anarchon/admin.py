@@ -47,7 +47,7 @@ from .backends.base import JobInfo, RunRecord, ms_to_datetime
 from .durations import format_duration
 from .enqueue.links import TaskLink, task_links
 from .exceptions import UnknownJobError
-from .models import Run, RunAttempt, RunRequest, ScheduledJob
+from .models import EnqueuedTask, Run, RunAttempt, RunRequest, ScheduledJob
 from .redact import describe_backend, redact_text
 from .run_data import RunDataError, parse_run_data
 from .run_requests import file_request
@@ -306,6 +306,22 @@ class RunLeaseAdmin(ReadOnlyAdmin):
     @admin.display(description=_("kept for"), ordering="keep_ms")
     def kept_for(self, obj: Run) -> str:
         return "-" if obj.keep_ms is None else format_ms(obj.keep_ms)
+
+
+@admin.register(EnqueuedTask)
+class EnqueuedTaskAdmin(ReadOnlyAdmin):
+    """The tasks that jobs with a task target enqueued, one per (job, slot) (docs/tasks.md)."""
+
+    list_display = ("job", "scheduled", "state", "task_id", "attempt", "instance_id",
+                    "enqueued_at")
+    list_filter = ("state", ("job", admin.AllValuesFieldListFilter))
+    search_fields = ("job", "task_id")
+    ordering = ("-slot",)
+    list_per_page = 50
+    fields = ("job", "scheduled", "target", "state", "task_id", "attempt", "instance_id",
+              "enqueued_at", "error")
+    readonly_fields = fields
+    scheduled = ms_column("slot", _("scheduled at"))
 
 
 @admin.register(RunRequest)

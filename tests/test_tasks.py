@@ -61,6 +61,12 @@ def test_a_task_where_a_handler_goes_becomes_the_jobs_target() -> None:
     assert target_for(lambda ctx: None) is None
 
 
+def test_a_plain_function_is_no_target_even_with_celery_imported() -> None:
+    pytest.importorskip("celery")
+    assert target_for(lambda ctx: None) is None  # the Celery target's module decides, or is absent
+    assert target_for(tasks.report) is not None
+
+
 def test_decorator_over_a_task_keeps_the_task_and_names_the_job_after_its_function() -> None:
     s = Scheduler(MemoryBackend(), instance_id="A")
     decorated = every("1h", scheduler=s)(tasks.report)
@@ -297,3 +303,5 @@ def test_the_admin_links_a_run_to_its_task_result(task_scheduler: str) -> None:
     }).content.decode()
     assert link in page and "READY" in page
     assert client.get(f"/admin/django_tasks_database/dbtaskresult/{row.id}/change/").status_code == 200
+    records = client.get("/admin/django_anarchon/enqueuedtask/", {"q": name}).content.decode()
+    assert str(row.id) in records and "enqueued" in records
