@@ -19,6 +19,8 @@ from typing import Any, Literal, cast
 
 from .backends.base import JobLimits, OverlapPolicy, datetime_to_ms
 from .durations import format_duration, parse_duration, parse_optional_duration
+from .enqueue.base import TaskTarget, target_for
+from .enqueue.run import TaskBeat
 from .exceptions import ConfigurationError
 from .schedules import (
     FOLD_POLICIES,
@@ -292,6 +294,9 @@ def check_instance_id(value: object, *, option: str = "instance_id") -> str:
 
 
 def check_handler(job: str, handler: object) -> Handler:
+    target = target_for(handler)
+    if target is not None:
+        return TaskBeat(job, target)
     if not callable(handler):
         raise ConfigurationError("the handler must be callable", job=job, option="handler", value=handler)
     return handler
@@ -373,6 +378,9 @@ class Job:
     handler: Handler
     options: JobOptions
     origin: str = ""
+    #: The task the job enqueues once per slot instead of running a handler (then
+    #: ``handler`` is the beat, ``enqueue.run.TaskBeat``); ``None`` for a plain handler.
+    target: TaskTarget | None = None
 
     @property
     def kind(self) -> JobKind:
@@ -444,7 +452,8 @@ def build_job(
         )
     else:
         schedule = make_once(job, spec)
-    return Job(name=job, schedule=schedule, handler=fn, options=opts, origin=origin)
+    target = fn.target if isinstance(fn, TaskBeat) else None
+    return Job(name=job, schedule=schedule, handler=fn, options=opts, origin=origin, target=target)
 
 
 def check_dedupe_window(job: Job, dedupe_window_ms: float, backend_name: str) -> None:

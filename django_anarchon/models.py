@@ -15,7 +15,9 @@ from django.utils.translation import gettext_lazy as _
 
 from .backends.base import ms_to_datetime
 
-__all__ = ["BufferedSlot", "JobLock", "Run", "RunAttempt", "RunRequest", "ScheduledJob"]
+__all__ = [
+    "BufferedSlot", "EnqueuedTask", "JobLock", "Run", "RunAttempt", "RunRequest", "ScheduledJob",
+]
 
 
 class RunState(models.TextChoices):
@@ -146,6 +148,42 @@ class BufferedSlot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} @ {_utc(ms_to_datetime(self.slot))}"
+
+
+class EnqueueState(models.TextChoices):
+    #: The beat is about to enqueue (written first, committed, outside the one-transaction path).
+    ENQUEUING = "enqueuing", _("enqueuing")
+    ENQUEUED = "enqueued", _("enqueued")
+
+
+class EnqueuedTask(models.Model):
+    """The task a job with a task target enqueued for one slot (``enqueue/run.py``).
+
+    Unique on (job, slot): the beat looks here before it enqueues. ``enqueuing`` with no
+    ``task_id`` is the marker of an enqueue whose outcome nobody recorded (its runner died
+    or the enqueue raised): a takeover then asks the task system, and never enqueues again.
+    """
+
+    job = models.CharField(_("job"), max_length=255)
+    slot = models.BigIntegerField(_("slot"), help_text=_("Scheduled instant, epoch milliseconds."))
+    state = models.CharField(_("state"), max_length=16, choices=EnqueueState.choices)
+    #: ``TaskTarget.describe()``: the task system, the task and its backend.
+    target = models.CharField(_("task"), max_length=500)
+    task_id = models.CharField(_("task id"), max_length=255, blank=True, default="")
+    attempt = models.PositiveIntegerField(_("attempt"))
+    instance_id = models.CharField(_("instance"), max_length=255)
+    enqueued_at = models.DateTimeField(_("enqueued at"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True, default="")
+
+    class Meta:
+        verbose_name = _("enqueued task")
+        verbose_name_plural = _("enqueued tasks")
+        constraints = [
+            models.UniqueConstraint(fields=["job", "slot"], name="anarchon_enqueued_job_slot"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} @ {_utc(ms_to_datetime(self.slot))}: {self.task_id or self.state}"
 
 
 class RunAttempt(models.Model):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .conf import DEFAULT_ALIAS
+from .enqueue.base import target_for
 from .exceptions import ConfigurationError, DuplicateJobError
 from .jobs import JobKind, build_job
 
@@ -275,11 +276,15 @@ def _decorate(
     fn: F,
 ) -> F:
     """Validate and record one decorated function (the body of every job decorator)."""
-    if not callable(fn):
+    target = target_for(fn)
+    if target is None and not callable(fn):
         raise ConfigurationError("decorate a function or method", job=name, option="handler", value=fn)
-    origin = _origin(fn)
+    # A task (``@every`` over ``@task()``) is named and located by its function.
+    function = target.function() if target is not None else fn
+    named: Any = getattr(function, "func", function)  # functools.partial: takes_context
+    origin = _origin(named)
     job_spec = JobSpec(name=name, kind=kind, spec=spec, options=dict(options), origin=origin)
-    if _is_method(fn):
+    if target is None and _is_method(fn):
         # A method: the @scheduled class (or Scheduler.register) names and binds it later.
         if scheduler is not None:
             raise ConfigurationError(
@@ -291,7 +296,7 @@ def _decorate(
         specs.append(job_spec)
         fn._anarchon_jobs = specs  # type: ignore[attr-defined]
         return fn
-    full_name = name or f"{app_label_for(fn.__module__)}.{fn.__name__}"
+    full_name = name or f"{app_label_for(named.__module__)}.{named.__name__}"
     if scheduler is not None and not isinstance(scheduler, str):
         _register_spec(scheduler, full_name, job_spec, fn)
         return fn

@@ -17,6 +17,15 @@ INSTALLED_APPS = [
     "django_anarchon",
     "tests.testapp",
 ]
+# The beat for django.tasks (tests/test_tasks*.py): django-tasks-db's table and backend, when
+# the [tasks] extra is installed (it is in [dev]).
+try:
+    import django_tasks_db  # noqa: F401
+except ImportError:
+    pass
+else:
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 # "default" stays SQLite in memory. The other aliases serve the database backend's tests
 # (tests/conftest.py): each test run creates its own database on the server (or its own
 # file) and points the alias's NAME at it (and the ANARCHON_*_NAME variable, for the

@@ -51,6 +51,7 @@ from ..backends.base import (
     ms_to_datetime,
 )
 from ..durations import format_duration
+from ..enqueue.run import TaskBeat
 from ..exceptions import JobTimeoutError
 from ..jobs import Job
 from ..logtime import iso
@@ -378,9 +379,18 @@ class Runner:
         else:
             ctx = replace(ctx, data=provider)
         timeout_s = None if job.options.timeout_ms is None else job.options.timeout_ms / 1000
-        result = await self._call(
-            attempt, job.handler, ctx, is_async=job.is_async, timeout_s=timeout_s
-        )
+        handler = job.handler
+        if isinstance(handler, TaskBeat):
+            # A job that enqueues a task: the beat needs the store and this attempt's lease
+            # token to commit the enqueue with the run's finish (enqueue/run.py).
+            # Once it has finished the run itself, a refused heartbeat means "finished", not
+            # "lost" (as while the runner's own finish() is under way).
+            handler = handler.bind(
+                self.host.backend,
+                attempt.token if attempt.lease else None,
+                functools.partial(setattr, attempt, "_ending", True),
+            )
+        result = await self._call(attempt, handler, ctx, is_async=job.is_async, timeout_s=timeout_s)
         return self._status(attempt, result)
 
     def _status(

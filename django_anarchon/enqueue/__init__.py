@@ -5,6 +5,6 @@ where a handler goes. The instance that wins a slot enqueues the task once; ``ba
 defines what a task system must offer for that, one module per system implements it.
 """
 
-from .base import SLOT_ARGUMENTS, TaskTarget, slot_kwargs
+from .base import SLOT_ARGUMENTS, TaskTarget, check_target, slot_kwargs, target_for
 
-__all__ = ["SLOT_ARGUMENTS", "TaskTarget", "slot_kwargs"]
+__all__ = ["SLOT_ARGUMENTS", "TaskTarget", "check_target", "slot_kwargs", "target_for"]

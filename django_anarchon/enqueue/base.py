@@ -10,9 +10,13 @@ that the database backend can commit the enqueue and the run's finish together.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ..exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from ..engine.context import JobContext
@@ -70,3 +74,58 @@ def slot_kwargs(ctx: JobContext, accepted: tuple[str, ...]) -> dict[str, Any]:
         "data": ctx.data,
     }
     return {name: values[name] for name in accepted}
+
+
+#: The modules whose ``Task`` class is a django.tasks Task: Django 6's, and the backport's.
+DJANGO_TASK_MODULES = ("django.tasks.base", "django_tasks.base")
+#: Where the Celery target lives (its own extra, ``[celery]``).
+CELERY_MODULE = "django_anarchon.enqueue.celery"
+
+
+def target_for(obj: object) -> TaskTarget | None:
+    """The task target ``obj`` names (a django.tasks Task, a Celery task, a TaskTarget), or None.
+
+    Only task systems already imported are asked: an object cannot be a task of a module
+    nobody imported, and a plain handler costs no import.
+    """
+    if isinstance(obj, TaskTarget):
+        return obj
+    for name in DJANGO_TASK_MODULES:
+        module = sys.modules.get(name)
+        task_class = getattr(module, "Task", None)
+        if isinstance(task_class, type) and isinstance(obj, task_class):
+            from .tasks import DjangoTaskTarget
+
+            return DjangoTaskTarget(obj)
+    if "celery" in sys.modules:
+        try:
+            celery = importlib.import_module(CELERY_MODULE)
+        except ModuleNotFoundError as exc:
+            if exc.name != CELERY_MODULE:
+                raise
+            return None
+        found: TaskTarget | None = celery.maybe_target(obj)
+        return found
+    return None
+
+
+def check_target(job: str, target: TaskTarget) -> tuple[str, ...]:
+    """Refuse a task that needs an argument the slot cannot give; return those it takes."""
+    try:
+        parameters = inspect.signature(target.function()).parameters.values()
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"cannot read the task function's signature ({exc})",
+            job=job, option="handler", value=target.describe(),
+        ) from None
+    for p in parameters:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
+            continue
+        if p.kind is p.POSITIONAL_ONLY or p.name not in SLOT_ARGUMENTS:
+            raise ConfigurationError(
+                f"the task's function requires the argument {p.name!r}, which the beat cannot "
+                f"give: a task receives only keyword arguments among {', '.join(SLOT_ARGUMENTS)} "
+                "(give the others a default)",
+                job=job, option="handler", value=target.describe(),
+            )
+    return accepted_arguments(target.function())

@@ -5,13 +5,19 @@
   writes an ``Execution`` when it starts and when it ends.
 * ``catchup``: one job every 10 s that catches up its 3 newest missed slots of 100 s
   (``catch_up_mode="all"``); each run takes 300 ms.
+* ``tasks``: one job every 2 s that enqueues ``tasks.beat_task`` (max_attempts 3). With
+  ``ANARCHON_DBW_PAUSE`` = ``enqueue`` (before the enqueue) or ``enqueued`` (after it, before
+  the run's finish), the first attempt 1 to get there in any process writes
+  ``$ANARCHON_DBW_PAUSE_DIR/paused`` (its pid, job and slot) and blocks until the test
+  kills it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from django_anarchon import every
@@ -54,3 +60,52 @@ if SCENARIO == "catchup":
     def report(ctx: Any) -> None:
         record(ctx, ctx.reason)
         time.sleep(0.3)
+
+
+def _pause(point: str, job: str, slot: int, kwargs: Mapping[str, Any]) -> None:
+    """Block here for good, once per test, if the test asked for ``point`` (see above)."""
+    if os.environ.get("ANARCHON_DBW_PAUSE") != point or kwargs.get("attempt") != 1:
+        return
+    try:
+        fd = os.open(Path(os.environ["ANARCHON_DBW_PAUSE_DIR"]) / "paused",
+                     os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return  # another process paused already: one kill per test
+    os.write(fd, f"{os.getpid()} {job} {slot}".encode())
+    os.close(fd)
+    while True:  # until the test's kill -9
+        time.sleep(0.05)
+
+
+class PausingTarget:
+    """The real django.tasks target, with the test's pause points around its enqueue."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+
+    def describe(self) -> str:
+        return str(self.inner.describe())
+
+    def function(self) -> Callable[..., Any]:
+        return self.inner.function()  # type: ignore[no-any-return]
+
+    def find(self, job: str, slot: int) -> str | None:
+        return self.inner.find(job, slot)  # type: ignore[no-any-return]
+
+    def database_alias(self) -> str | None:
+        return self.inner.database_alias()  # type: ignore[no-any-return]
+
+    def enqueue(self, job: str, slot: int, kwargs: Mapping[str, Any]) -> str:
+        _pause("enqueue", job, slot, kwargs)
+        task_id = str(self.inner.enqueue(job, slot, kwargs))
+        _pause("enqueued", job, slot, kwargs)
+        return task_id
+
+
+if SCENARIO == "tasks":
+    from django_anarchon.enqueue.tasks import DjangoTaskTarget
+
+    from .tasks import beat_task
+
+    every("2s", name="beat", max_attempts=3)(PausingTarget(DjangoTaskTarget(beat_task)))

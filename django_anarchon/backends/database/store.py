@@ -870,18 +870,49 @@ class Store:
 
         def end() -> bool:
             with self._single_write():
-                return bool(
-                    self._runs()
-                    .filter(Q(state=RUNNING) | Q(state=FINISHED, status__in=[status, "interrupted"]),
-                            job=job, slot=slot, token=token)
-                    .update(
-                        finished_at_ms=Coalesce(F("finished_at_ms"), ServerNowMs()),
-                        state=FINISHED,
-                        status=status,
-                    )
-                )
+                return self._end(job, slot, token, status)
 
         return self._retrying(end)
+
+    def _end(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
+        return bool(
+            self._runs()
+            .filter(Q(state=RUNNING) | Q(state=FINISHED, status__in=[status, "interrupted"]),
+                    job=job, slot=slot, token=token)
+            .update(
+                finished_at_ms=Coalesce(F("finished_at_ms"), ServerNowMs()),
+                state=FINISHED,
+                status=status,
+            )
+        )
+
+    # -- for work that commits with a run's finish (enqueue/run.py) ---------------------
+
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
+        """A write transaction on this alias, queued like the store's own (SQLite)."""
+        return self._write()
+
+    def lock_running(self, job: str, slot: int, token: str) -> bool:
+        """Inside ``transaction()``: lock the run if it is running with ``token``.
+
+        Once locked, no claim can take the run over until the transaction ends, so work
+        done in it and ``finish_locked()`` commit, or roll back, together.
+        """
+        return bool(
+            list(
+                self._runs()
+                .select_for_update()
+                .filter(job=job, slot=slot, token=token, state=RUNNING)
+                .values_list("pk", flat=True)[:1]
+            )
+        )
+
+    def finish_locked(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
+        """Inside ``transaction()``, after ``lock_running()``: ``finish()`` in that transaction.
+
+        The runner's own finish afterwards is a repeat, answered True (repeat-safe).
+        """
+        return self._end(job, slot, token, status)
 
     def release(self, job: str, slot: int, token: str) -> bool:
         def let_go() -> bool:
