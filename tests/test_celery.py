@@ -125,6 +125,22 @@ def test_a_celery_task_is_a_target() -> None:
         CeleryTarget(record, task_id="mine")
 
 
+def test_a_celery_task_where_a_handler_goes_becomes_the_jobs_target() -> None:
+    from django_anarchon import every
+    from django_anarchon.backends.memory import MemoryBackend
+    from django_anarchon.engine import Scheduler
+    from tests.celeryapp import make_app
+
+    app = make_app("memory://", "cache+memory://", "anarchon-q")
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    job = s.every("report", "1h", app.tasks["anarchon_tests.record_once"])
+    assert isinstance(job.target, CeleryTarget)
+    assert job.handler.accepted == ("job", "slot")
+    decorated = every("1h", scheduler=s)(app.tasks["anarchon_tests.record"])
+    assert decorated is app.tasks["anarchon_tests.record"]  # still the task: .delay() works
+    assert sorted(info.name for info in s.jobs()) == ["report", "tests.celeryapp.record"]
+
+
 def test_recognising_a_task_does_not_import_celery() -> None:
     script = (
         "import sys\n"
@@ -157,6 +173,28 @@ def test_enqueue_runs_the_task_once_with_the_slot_arguments(
     (run,) = celery_env.executions()
     assert (run["id"], run["job"], run["slot"]) == (task_id, job, slot)
     assert run["rest"] == {"reason": "scheduled", "attempt": 1, "data": {"a": 1}}
+
+
+@pytest.mark.django_db
+def test_a_manual_run_sends_the_task_once(celery_env: CeleryEnv, start_worker: Any) -> None:
+    """The beat's own path (enqueue/run.py): record, send, record the task id."""
+    from django_anarchon.backends.memory import MemoryBackend
+    from django_anarchon.engine import Scheduler
+    from django_anarchon.models import EnqueuedTask
+
+    start_worker()
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    name = _job()
+    s.every(name, "1h", celery_env.task("record"), data={"full": True})
+    record = s.run_now(name)
+    assert record.status == "success", record.error
+    task_id = task_id_for(name, record.slot)
+    (mark,) = EnqueuedTask.objects.filter(job=name)
+    assert (mark.slot, mark.state, mark.task_id) == (record.slot, "enqueued", task_id)
+    wait_for(lambda: celery_env.executions(), 30, "the task to run")
+    (run,) = celery_env.executions()
+    assert (run["id"], run["slot"], run["rest"]["reason"], run["rest"]["data"]) == (
+        task_id, record.slot, "manual", {"full": True})
 
 
 def test_a_queued_task_is_found_on_redis_only(celery_env: CeleryEnv, start_worker: Any) -> None:
