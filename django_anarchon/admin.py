@@ -11,6 +11,7 @@ a worker of that scheduler picks up.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from django.utils.translation import ngettext
 from . import conf
 from .backends.base import JobInfo, RunRecord, ms_to_datetime
 from .durations import format_duration
+from .enqueue.links import TaskLink, task_links
 from .exceptions import UnknownJobError
 from .models import Run, RunAttempt, RunRequest, ScheduledJob
 from .redact import describe_backend, redact_text
@@ -342,6 +344,10 @@ class JobRow:
     info: JobInfo
     runs: list[RunRecord] | None = None  # newest first; None: the store did not answer in time
     error: str | None = None
+    #: The task the job enqueues instead of running a handler (``TaskTarget.describe()``).
+    target: str = ""
+    #: The task the last run enqueued, where it is recorded.
+    last_task: TaskLink | None = None
 
     @property
     def last_run(self) -> RunRecord | None:
@@ -460,6 +466,8 @@ def collect_sections(timeout: float | None = None) -> list[SchedulerSection]:
             continue
         for info in infos:
             row = JobRow(alias, info)
+            job = scheduler.get_job(info.name)
+            row.target = job.target.describe() if job.target is not None else ""
             section.rows.append(row)
             pending.append((row, history_cache.get(alias, scheduler, info.name)))
     if pending:
@@ -471,6 +479,14 @@ def collect_sections(timeout: float | None = None) -> list[SchedulerSection]:
             row.error = f"{type(failure).__name__}: {redact_text(failure)}"
         else:
             row.runs = future.result()
+    for section in sections:
+        for row in section.rows:
+            if row.target and row.last_run is not None:
+                scheduler = _scheduler(section.alias)
+                job = scheduler.get_job(row.info.name)
+                row.last_task = task_links(job, scheduler.backend, [row.last_run.slot]).get(
+                    row.last_run.slot
+                )
     return sections
 
 
@@ -580,7 +596,13 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
             error = f"{type(failure).__name__}: {redact_text(failure)}"
         else:
             records = future.result()
-        rows = [HistoryRow(r) for r in records]
+        links: dict[int, TaskLink] = {}
+        target = ""
+        with contextlib.suppress(UnknownJobError):
+            found = _scheduler(alias).get_job(job)
+            target = found.target.describe() if found.target is not None else ""
+            links = task_links(found, _scheduler(alias).backend, [r.slot for r in records])
+        rows = [HistoryRow(r, links.get(r.slot)) for r in records]
         schedule, policies, upcoming = _upcoming(alias, job)
         context = {
             **self.admin_site.each_context(request),
@@ -591,6 +613,7 @@ class ScheduledJobAdmin(ReadOnlyAdmin):
             "rows": rows,
             "schedule": schedule,
             "policies": policies,
+            "target": target,
             "upcoming": upcoming,
             "error": error,
             "can_run": request.user.has_perm(RUN_PERMISSION),
@@ -604,6 +627,8 @@ class HistoryRow:
     """One attempt as the per-job history page shows it."""
 
     record: RunRecord
+    #: The task the run enqueued (a job with a target), where it is recorded.
+    task: TaskLink | None = None
 
     def badge(self) -> SafeString:
         return status_badge(self.record.status)

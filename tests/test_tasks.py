@@ -130,7 +130,7 @@ def test_a_takeover_that_cannot_tell_never_enqueues_again() -> None:
     job = s.every(name, "1h", tasks.report)
     EnqueuedTask.objects.create(job=name, slot=1000, state="enqueuing", target="t", attempt=1,
                                 instance_id="A", error="OperationalError: server closed")
-    with pytest.raises(EnqueueUnknownError, match="attempt 1 .instance A. was enqueueing"):
+    with pytest.raises(EnqueueUnknownError, match=r"attempt 1 \(instance A\) was enqueueing"):
         job.handler(_ctx(name, 1000))
     assert _rows(name, "default") == []
 
@@ -193,3 +193,81 @@ def test_a_lost_lease_enqueues_nothing(tasks_on_postgres: str) -> None:
         job.handler.run(_ctx(name, 1000), backend=backend, token="not-the-lease-holder")
     assert _rows(name, alias) == []
     assert not EnqueuedTask.objects.using(alias).filter(job=name).exists()
+
+
+# -- what the listings show ---------------------------------------------------------------
+
+
+@pytest.fixture
+def task_scheduler() -> Iterator[str]:
+    """settings.ANARCHON with one memory scheduler whose job enqueues ``tasks.report``."""
+    from django_anarchon.admin import history_cache
+    from django_anarchon.registry import registry
+
+    saved = (registry._functions, registry._classes, registry._names)
+    registry._functions, registry._classes, registry._names = {}, {}, {}
+    name = _name("listed")
+    every("1h", name=name)(tasks.report)
+    history_cache.forget()
+    try:
+        with override_settings(ANARCHON={"default": {
+            "BACKEND": "django_anarchon.backends.memory.MemoryBackend", "INSTANCE_ID": "web"
+        }}):
+            yield name
+    finally:
+        registry._functions, registry._classes, registry._names = saved
+        history_cache.forget()
+
+
+def _call(*args: str) -> str:
+    from io import StringIO
+
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_jobs_and_history_commands_name_the_task_and_its_id(task_scheduler: str) -> None:
+    import json
+
+    from django_anarchon.handler import schedulers
+
+    name = task_scheduler
+    record = schedulers["default"].run_now(name)
+    (row,) = _rows(name, "default")
+    jobs = _call("anarchon_jobs")
+    assert "enqueues django.tasks tests.testapp.tasks.report (default)" in jobs
+    (item,) = json.loads(_call("anarchon_jobs", "--json"))
+    assert item["target"] == "django.tasks tests.testapp.tasks.report (default)"
+    history = _call("anarchon_history", name)
+    assert history.splitlines()[0].split()[:4] == ["JOB", "SCHEDULED", "STATUS", "TASK"]
+    assert f"{row.id} READY" in history
+    (entry,) = json.loads(_call("anarchon_history", name, "--json"))
+    assert entry["slot"] == record.slot
+    assert entry["task"] == {
+        "task_id": str(row.id), "state": "enqueued", "status": "READY",
+        "url": f"/admin/django_tasks_database/dbtaskresult/{row.id}/change/",
+    }
+
+
+@pytest.mark.django_db
+def test_the_admin_links_a_run_to_its_task_result(task_scheduler: str) -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from django_anarchon.handler import schedulers
+
+    name = task_scheduler
+    schedulers["default"].run_now(name)
+    (row,) = _rows(name, "default")
+    client = Client()
+    client.force_login(User.objects.create_superuser("root-tasks"))
+    link = f'href="/admin/django_tasks_database/dbtaskresult/{row.id}/change/"'
+    jobs = client.get("/admin/django_anarchon/scheduledjob/").content.decode()
+    assert "enqueues django.tasks tests.testapp.tasks.report (default)" in jobs and link in jobs
+    page = client.get("/admin/django_anarchon/scheduledjob/history/", {
+        "scheduler": "default", "job": name
+    }).content.decode()
+    assert link in page and "READY" in page
+    assert client.get(f"/admin/django_tasks_database/dbtaskresult/{row.id}/change/").status_code == 200

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ..engine.context import JobContext
     from ..models import EnqueuedTask
 
-__all__ = ["EnqueueUnknownError", "LeaseLostBeforeEnqueueError", "TaskBeat", "enqueued_tasks"]
+__all__ = ["EnqueueUnknownError", "LeaseLostBeforeEnqueueError", "TaskBeat", "records_alias"]
 
 logger = logging.getLogger("django_anarchon")
 
@@ -190,6 +190,11 @@ def _database_store(backend: object) -> Any:
     return backend.store() if isinstance(backend, DatabaseBackend) else None
 
 
+def records_alias(backend: object, target: TaskTarget) -> str:
+    """The database where the beat keeps the ``EnqueuedTask`` records of ``target``'s jobs."""
+    return _records_alias(_database_store(backend), target.database_alias())
+
+
 def _records_alias(store: Any, alias: str | None) -> str:
     """Where the records live: the scheduler's database, else the task's, else the router's."""
     if store is not None:
@@ -199,12 +204,3 @@ def _records_alias(store: Any, alias: str | None) -> str:
     from ..models import EnqueuedTask
 
     return router.db_for_write(EnqueuedTask) or "default"
-
-
-def enqueued_tasks(job: str, slots: list[int], using: str | None = None) -> dict[int, EnqueuedTask]:
-    """The records of ``slots`` of ``job`` (history and admin join them by (job, slot))."""
-    from ..models import EnqueuedTask
-
-    alias = using or router.db_for_read(EnqueuedTask) or "default"
-    rows = EnqueuedTask._default_manager.using(alias).filter(job=job, slot__in=slots)
-    return {row.slot: row for row in rows}

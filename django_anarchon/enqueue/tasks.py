@@ -77,6 +77,13 @@ class DjangoTaskTarget:
         model = self._db_result_model()
         return None if model is None else (router.db_for_write(model) or "default")
 
+    @property
+    def admin_url_name(self) -> str | None:
+        """The admin page of a task result (django-tasks-db's), for the history's links."""
+        if self._db_result_model() is None:
+            return None
+        return "admin:django_tasks_database_dbtaskresult_change"
+
     def result(self, task_id: str) -> Any:
         """The task's result (status, times), where its backend can say it; else ``None``."""
         backend = self.task.get_backend()

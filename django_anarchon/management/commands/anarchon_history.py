@@ -51,8 +51,13 @@ class Command(BaseCommand):
                         records.extend((alias, r) for r in scheduler.history(info.name, limit))
             order = {id(r): i for i, r in enumerate(sort_newest_first([r for _, r in records]))}
             records = sorted(records, key=lambda pair: order[id(pair[1])])[:limit]
+        links = _task_links(records)
         if options["json"]:
-            self.stdout.write(to_json([{"scheduler": a, **r.to_dict()} for a, r in records]))
+            self.stdout.write(to_json([
+                {"scheduler": a, **r.to_dict(),
+                 **({"task": _link_dict(links, a, r)} if (a, r.job) in links else {})}
+                for a, r in records
+            ]))
             return
         if not records:
             self.stdout.write("No runs recorded yet.")
@@ -64,11 +69,14 @@ class Command(BaseCommand):
              _first_line(r.error)]
             for _, r in records
         ]
-        self.stdout.write(table(
-            ["JOB", "SCHEDULED", "STATUS", "INSTANCE", "ATTEMPT", "REASON", "STARTED", "DURATION",
-             "ERROR"],
-            rows,
-        ))
+        headers = ["JOB", "SCHEDULED", "STATUS", "INSTANCE", "ATTEMPT", "REASON", "STARTED",
+                   "DURATION", "ERROR"]
+        if links:  # jobs that enqueue a task: which task each run enqueued
+            headers.insert(3, "TASK")
+            for row, (alias, r) in zip(rows, records, strict=True):
+                link = _link_dict(links, alias, r)
+                row.insert(3, "-" if link is None else _task_text(link))
+        self.stdout.write(table(headers, rows))
 
 
 def _first_line(error: str | None) -> str:
@@ -76,3 +84,33 @@ def _first_line(error: str | None) -> str:
         return ""
     line = error.strip().splitlines()[-1]
     return line if len(line) <= 80 else line[:77] + "..."
+
+
+def _task_links(records: list[tuple[str, RunRecord]]) -> dict[tuple[str, str], dict[int, Any]]:
+    """(scheduler, job) -> slot -> TaskLink, for the jobs among ``records`` that have a target."""
+    from django_anarchon.enqueue.links import task_links
+    from django_anarchon.handler import schedulers
+
+    slots: dict[tuple[str, str], set[int]] = {}
+    for alias, r in records:
+        slots.setdefault((alias, r.job), set()).add(r.slot)
+    links = {}
+    for (alias, job), wanted in slots.items():
+        scheduler = schedulers[alias]
+        found = scheduler.get_job(job)
+        if found.target is not None:
+            links[(alias, job)] = task_links(found, scheduler.backend, wanted)
+    return links
+
+
+def _link_dict(
+    links: dict[tuple[str, str], dict[int, Any]], alias: str, r: RunRecord
+) -> dict[str, Any] | None:
+    link = links.get((alias, r.job), {}).get(r.slot)
+    return None if link is None else dict(link.to_dict())
+
+
+def _task_text(link: dict[str, Any]) -> str:
+    if not link["task_id"]:
+        return f"({link['state']})"
+    return str(link["task_id"]) + (f" {link['status']}" if link["status"] else "")

@@ -61,12 +61,16 @@ class Command(BaseCommand):
                     continue
                 with store_errors(alias, scheduler):
                     last = scheduler.last_run(info.name)
+                job = scheduler.get_job(info.name)
+                target = job.target.describe() if job.target is not None else None
                 items.append({"scheduler": alias, **info.to_dict(),
-                              "last_run": last.to_dict() if last else None})
+                              "last_run": last.to_dict() if last else None,
+                              **({"target": target} if target else {})})
+                notes = [job.policies(), f"enqueues {target}" if target else ""]
                 rows.append([
                     alias, info.name, info.schedule, when(info.next_run_at),
                     when(last.started_at) if last else "-", last.status if last else "-",
-                    scheduler.get_job(info.name).policies() or "-",
+                    ", ".join(n for n in notes if n) or "-",
                 ])
         if options["json"]:
             self.stdout.write(to_json(items))
