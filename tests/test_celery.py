@@ -20,6 +20,7 @@ import pytest
 
 from django_anarchon.enqueue.base import accepted_arguments
 from django_anarchon.enqueue.celery import CeleryTarget, maybe_target, task_id_for
+from django_anarchon.enqueue.links import task_links
 from django_anarchon.exceptions import ConfigurationError
 
 from .broker_support import rabbitmq_url
@@ -195,6 +196,12 @@ def test_a_manual_run_sends_the_task_once(celery_env: CeleryEnv, start_worker: A
     (run,) = celery_env.executions()
     assert (run["id"], run["slot"], run["rest"]["reason"], run["rest"]["data"]) == (
         task_id, record.slot, "manual", {"full": True})
+    # The history's link to the task, with the state its result backend records.
+    job = s.get_job(name)
+    wait_for(lambda: task_links(job, s.backend, [record.slot])[record.slot].status == "SUCCESS",
+             30, "the task's SUCCESS in the history's link")
+    link = task_links(job, s.backend, [record.slot])[record.slot]
+    assert (link.task_id, link.state, link.url) == (task_id, "enqueued", None)
 
 
 def test_a_queued_task_is_found_on_redis_only(celery_env: CeleryEnv, start_worker: Any) -> None:

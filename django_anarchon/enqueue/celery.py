@@ -18,16 +18,30 @@ without importing it, so a project without Celery pays nothing.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger("django_anarchon")
 
 #: The namespace of the task ids: ``uuid5(NAMESPACE, f"{job}\\x00{slot}")``.
 TASK_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://django-anarchon/celery-task-id")
 
 #: How long ``find`` waits for the workers' answers to ``query_task`` (seconds).
 INSPECT_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class CeleryResult:
+    """What the result backend says of a task, for the history's links."""
+
+    task_id: str
+    #: Celery's state: ``PENDING`` (waiting, or unknown to the backend), ``STARTED``,
+    #: ``SUCCESS``, ``FAILURE``, ``RETRY``, ``REVOKED``.
+    status: str
 
 
 def task_id_for(job: str, slot: int) -> str:
@@ -91,6 +105,19 @@ class CeleryTarget:
         if self.in_broker_queue(task_id) or self.at_a_worker(task_id) or self.in_results(task_id):
             return task_id
         return None
+
+    def result(self, task_id: str) -> CeleryResult | None:
+        """The task's state in the result backend; ``None`` without one, or on an error."""
+        from celery.backends.base import DisabledBackend
+
+        backend = self.task.backend
+        if isinstance(backend, DisabledBackend):
+            return None
+        try:
+            return CeleryResult(task_id, str(backend.get_state(task_id)))
+        except Exception as exc:  # a listing never fails over a link
+            logger.warning("celery task %s: no state from the result backend: %s", task_id, exc)
+            return None
 
     # -- the three places ----------------------------------------------------------------
 
