@@ -217,6 +217,31 @@ def test_a_queued_task_is_found_on_redis_only(celery_env: CeleryEnv, start_worke
     assert [e["id"] for e in celery_env.executions()] == [task_id]
 
 
+@pytest.mark.redis
+def test_a_queued_task_is_found_under_a_global_key_prefix(tmp_path: Path) -> None:
+    """kombu's ``global_keyprefix`` on the Redis broker: ``find`` reads the prefixed lists."""
+    from tests.celeryapp import make_app
+
+    url, prefix = _redis_db_url(), f"anarchon-test-{uuid.uuid4().hex[:8]}:"
+    app = make_app(url, url, f"anarchon-celery-{uuid.uuid4().hex[:10]}")
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    target = CeleryTarget(app.tasks["anarchon_tests.record"], priority=3)
+    job = _job()
+    try:
+        ids = [target.enqueue(job, slot, {"job": job, "slot": slot}) for slot in range(3)]
+        assert [target.in_broker_queue(i) for i in ids] == [True, True, True]
+        assert not target.in_broker_queue(task_id_for(job, 3))
+    finally:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        assert keys, "the messages were not under the prefix"
+        client.delete(*keys)
+        client.close()
+        app.close()
+
+
 def test_celery_runs_a_task_id_twice_if_it_is_sent_twice(
     celery_env: CeleryEnv, start_worker: Any
 ) -> None:

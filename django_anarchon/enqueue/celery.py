@@ -30,8 +30,11 @@ logger = logging.getLogger("django_anarchon")
 #: The namespace of the task ids: ``uuid5(NAMESPACE, f"{job}\\x00{slot}")``.
 TASK_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://django-anarchon/celery-task-id")
 
-#: How long ``find`` waits for the workers' answers to ``query_task`` (seconds).
+#: How long ``find`` waits for the workers' answers to ``query_task`` (seconds): a
+#: broadcast has no count of answers to wait for, so a look at the workers takes this long.
 INSPECT_TIMEOUT_S = 1.0
+#: Messages read per ``LRANGE`` when ``find`` reads a Redis queue.
+_PAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -126,19 +129,22 @@ class CeleryTarget:
 
         Kombu's Redis transport keeps a queue as lists (one per priority step) of JSON
         messages, and a message delivered but not acknowledged in its ``unacked`` hash.
+        ``LRANGE`` and ``HVALS`` are not among the commands kombu prefixes with
+        ``global_keyprefix``, so the prefix is added here.
         """
         with self.task.app.connection_for_read() as connection:
             if connection.transport.driver_type != "redis":
                 return False
             channel = connection.default_channel
-            client = channel.client
+            client, prefix = channel.client, channel.global_keyprefix or ""
             needle = task_id.encode()
-            keys = [channel._q_for_pri(self.queue(), pri) for pri in channel.priority_steps]
-            for key in dict.fromkeys(keys):
-                if any(_message_id(raw) == task_id for raw in client.lrange(key, 0, -1)
-                       if needle in raw):
-                    return True
-            for raw in client.hvals(channel.unacked_key):
+            lists = [channel._q_for_pri(self.queue(), pri) for pri in channel.priority_steps]
+            for name in dict.fromkeys(lists):
+                for start in range(0, int(client.llen(name)), _PAGE):  # kombu prefixes LLEN
+                    page = client.lrange(prefix + name, start, start + _PAGE - 1)
+                    if any(needle in raw and _message_id(raw) == task_id for raw in page):
+                        return True
+            for raw in client.hvals(prefix + channel.unacked_key):
                 if needle in raw and _message_id(raw, unacked=True) == task_id:
                     return True
         return False
