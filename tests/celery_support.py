@@ -71,8 +71,9 @@ class CeleryEnv:
             if ids:  # what did not run expires with result_expires
                 backend.delete(*(f"celery-task-meta-{i}" for i in ids),
                                *(f"anarchon-tests-done:{i}" for i in ids))
-            if self.broker.startswith("redis"):
-                keys = list(backend.scan_iter(match=f"{self.queue}*", count=1000))
+            if self.broker.startswith("redis"):  # its lists and kombu's bindings of it
+                keys = [*backend.scan_iter(match=f"{self.queue}*", count=1000),
+                        *backend.scan_iter(match=f"_kombu.binding*.{self.queue}", count=1000)]
                 if keys:
                     backend.delete(*keys)
         finally:
