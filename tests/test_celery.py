@@ -28,6 +28,8 @@ from .celery_support import CELERY_REDIS_DB, CeleryEnv, CeleryWorker
 from .redis_support import redis_url
 from .support import ROOT, wait_for
 
+pytest.importorskip("celery")  # the [celery] extra (in [dev])
+
 pytestmark = pytest.mark.workers
 
 

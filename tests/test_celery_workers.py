@@ -28,6 +28,8 @@ from tests.test_database_workers import Database, Workers, pg_db, wait_for
 
 from .celery_support import CeleryEnv
 
+pytest.importorskip("celery")  # the [celery] extra (in [dev])
+
 pytestmark = [pytest.mark.slow, pytest.mark.workers, pytest.mark.postgres]
 
 __all__ = ["celery_env", "pg_db", "start_worker"]  # the fixtures, imported
