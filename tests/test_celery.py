@@ -124,8 +124,10 @@ def test_a_celery_task_is_a_target() -> None:
     assert maybe_target(target) is target
     assert maybe_target(lambda ctx: None) is None
     assert maybe_target(record.run) is None  # the bare function is a handler, not a task
-    with pytest.raises(ConfigurationError, match="'task_id' is set by the beat"):
+    with pytest.raises(ConfigurationError, match="option 'task_id' = 'mine': .* the beat sets"):
         CeleryTarget(record, task_id="mine")
+    with pytest.raises(ConfigurationError, match="option 'inspect_timeout' = 0: "):
+        CeleryTarget(record, inspect_timeout=0)
 
 
 def test_a_celery_task_where_a_handler_goes_becomes_the_jobs_target() -> None:

@@ -70,8 +70,14 @@ class CeleryTarget:
         taken = sorted({"task_id", "args", "kwargs"} & set(options))
         if taken:
             raise ConfigurationError(
-                f"Celery task {getattr(task, 'name', task)!r}: option {taken[0]!r} is set "
-                "by the beat (the task id is derived from the job and slot)"
+                f"Celery task {getattr(task, 'name', task)!r}: the beat sets this option "
+                "(the task id is derived from the job and slot, the arguments from the slot)",
+                option=taken[0], value=options[taken[0]],
+            )
+        if not isinstance(inspect_timeout, int | float) or not inspect_timeout > 0:
+            raise ConfigurationError(
+                f"Celery task {getattr(task, 'name', task)!r}: a number of seconds above 0",
+                option="inspect_timeout", value=inspect_timeout,
             )
         self.task = task
         self.options = options
