@@ -124,7 +124,7 @@ def test_a_celery_task_is_a_target() -> None:
     assert maybe_target(target) is target
     assert maybe_target(lambda ctx: None) is None
     assert maybe_target(record.run) is None  # the bare function is a handler, not a task
-    with pytest.raises(ConfigurationError, match="option 'task_id' = 'mine': .* the beat sets"):
+    with pytest.raises(ConfigurationError, match=r"option 'task_id' = 'mine': .* the beat sets"):
         CeleryTarget(record, task_id="mine")
     with pytest.raises(ConfigurationError, match="option 'inspect_timeout' = 0: "):
         CeleryTarget(record, inspect_timeout=0)
