@@ -582,10 +582,34 @@ def _run_every_job(project: Project) -> None:
     if project.statuses is None:
         output = project.manage("shell", "-c", _RUN_EVERY_JOB)
         project.statuses = json.loads(output.split("STATUSES ", 1)[1].splitlines()[0])
+        _drop_celery_queue(project)
     statuses = project.statuses
     assert len(statuses) == project.decorators, (project.decorators, statuses)
     failed = {name: s for name, s in statuses.items() if s[0] != "success"}
     assert not failed, f"{project.page}: jobs that failed: {failed}"
+
+
+def _drop_celery_queue(project: Project) -> None:
+    """A page whose jobs send Celery tasks (docs/celery.md) sent them to its Redis broker,
+    where no worker reads them: the queue must hold them; then it goes, with kombu's
+    bindings of it."""
+    text = (project.root / "settings.py").read_text()
+    broker = re.search(r'^CELERY_BROKER_URL = "(redis://[^"]+)"', text, re.MULTILINE)
+    queue = re.search(r'^CELERY_TASK_DEFAULT_QUEUE = "([^"]+)"', text, re.MULTILINE)
+    if broker is None or queue is None:
+        return
+    import redis
+
+    client = redis.Redis.from_url(broker.group(1))
+    try:
+        sent = client.llen(queue.group(1))
+        keys = [*client.scan_iter(match=f"{queue.group(1)}*", count=1000),
+                *client.scan_iter(match=f"_kombu.binding*.{queue.group(1)}", count=1000)]
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+    assert sent >= 1, f"{project.page}: no task reached the queue {queue.group(1)!r}"
 
 
 def _import_module(block: Block, project: Project) -> None:
