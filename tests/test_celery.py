@@ -119,7 +119,7 @@ def test_a_celery_task_is_a_target() -> None:
     assert (target.kind, target.database_alias()) == ("celery", None)
     assert target.describe() == "celery anarchon_tests.record_once (anarchon-q)"
     assert accepted_arguments(target.function()) == ("job", "slot")  # bind=True: no self
-    assert len(accepted_arguments(CeleryTarget(record).function())) == 6  # **rest takes all
+    assert len(accepted_arguments(CeleryTarget(record).function())) == 7  # **rest takes all
     assert CeleryTarget(record, queue="other").describe().endswith("(other)")
     assert maybe_target(target) is target
     assert maybe_target(lambda ctx: None) is None
@@ -242,6 +242,37 @@ def test_a_queued_task_is_found_under_a_global_key_prefix(tmp_path: Path) -> Non
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
         assert keys, "the messages were not under the prefix"
         client.delete(*keys)
+        client.close()
+        app.close()
+
+
+@pytest.mark.redis
+def test_the_message_carries_the_current_trace_context() -> None:
+    """Sent under a span, the message's headers hold its ``traceparent`` (the ``[otel]`` extra)."""
+    import json
+
+    import redis
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from tests.celeryapp import make_app
+
+    url, queue = _redis_db_url(), f"anarchon-celery-{uuid.uuid4().hex[:10]}"
+    app = make_app(url, url, queue)
+    target, job = CeleryTarget(app.tasks["anarchon_tests.record"]), _job()
+    client = redis.Redis.from_url(url)
+    try:
+        with TracerProvider().get_tracer("t").start_as_current_span("attempt") as span:
+            target.enqueue(job, 1, {"job": job, "slot": 1})
+        (raw,) = client.lrange(queue, 0, -1)
+        headers = json.loads(raw)["headers"]
+        context = span.get_span_context()
+        assert headers["traceparent"].split("-")[1:3] == [
+            f"{context.trace_id:032x}", f"{context.span_id:016x}"
+        ]
+        target.enqueue(job, 2, {"job": job, "slot": 2})  # no span: no header
+        assert "traceparent" not in json.loads(client.lrange(queue, 0, 0)[0])["headers"]
+    finally:
+        client.delete(queue)
         client.close()
         app.close()
 

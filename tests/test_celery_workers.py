@@ -7,7 +7,8 @@ attempt 1 to reach a pause point around the enqueue (tests/dbworkerapp/jobs.py) 
 the test kills that worker with SIGKILL, and the other takes the run over.
 
 A broker is not a Django database, so the beat records first and looks first
-(enqueue/run.py): killed after ``apply_async``, the backup finds the task by its id and does
+(enqueue/run.py): killed after the claim, before the marker, the backup sends the only
+task; killed after ``apply_async``, the backup finds the task by its id and does
 not send it again; killed between its marker and ``apply_async``, the backup cannot prove
 it was not sent and never sends it (at most once).
 """
@@ -101,6 +102,23 @@ def _assert_each_slot_once(db: Database, env: CeleryEnv) -> None:
     assert set(runs) == set(enqueued), (runs, enqueued)  # what ran is what the beat sent
     assert all(enqueued[s] == task_id_for("beat", s) for s in enqueued), enqueued
     assert {e["id"] for e in env.executions()} == set(enqueued.values())
+
+
+def test_killed_after_the_claim_the_backup_sends_once(
+    pg_db: Callable[..., Database], workers: Workers, celery_env: CeleryEnv,
+    start_worker: Any, tmp_path: Path,
+) -> None:
+    """Won, killed before the beat wrote its marker: the backup sends the only task."""
+    db, slot = _scenario(pg_db, workers, celery_env, start_worker, tmp_path, "claimed")
+    wait_for(lambda: _runs(celery_env)[slot] >= 1, 60, "the backup's task of the killed slot")
+    _finish(db, workers, celery_env, slot)
+    _assert_each_slot_once(db, celery_env)
+    (run,) = [e for e in celery_env.executions() if e["slot"] == slot]
+    assert run["rest"]["attempt"] == 2, "the backup's attempt 2 sent it"
+    attempts = [a for a in db.attempts() if a[1] == slot]
+    assert sorted((a[3], a[4], a[5]) for a in attempts) == [
+        (1, "scheduled", "interrupted"), (2, "takeover", "success")
+    ], attempts
 
 
 def test_killed_after_apply_async_the_backup_finds_the_task(

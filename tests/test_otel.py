@@ -512,3 +512,29 @@ def test_traces_without_opentelemetry_is_one_line(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(CommandError, match=r"^--traces needs opentelemetry-api: "
                        r"pip install 'django-anarchon\[otel\]'$"):
         start_traces([Scheduler(MemoryBackend())])
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_enqueued_task_carries_the_attempt_s_trace_context(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A job that names a task: the task's ``trace`` argument continues the attempt's trace."""
+    pytest.importorskip("django_tasks_db")
+    from asgiref.sync import sync_to_async
+    from django_tasks_db.models import DBTaskResult
+
+    from tests.testapp import tasks
+
+    job = f"otel.task-{uuid.uuid4().hex[:8]}"
+    await run_one(MemoryBackend(), job, tasks.traced)
+    run, _ = attempt_tree(exporter, job)
+    check_attempt(run, job, outcome="success")
+    rows = await sync_to_async(
+        lambda: list(DBTaskResult.objects.filter(args_kwargs__kwargs__job=job))
+    )()
+    (row,) = rows
+    carrier = row.args_kwargs["kwargs"]["trace"]
+    assert run.context is not None
+    assert carrier["traceparent"].split("-")[1:3] == [
+        f"{run.context.trace_id:032x}", f"{run.context.span_id:016x}"
+    ]

@@ -54,7 +54,7 @@ def test_a_task_where_a_handler_goes_becomes_the_jobs_target() -> None:
     assert job.target.describe() == "django.tasks tests.testapp.tasks.report (default)"
     assert job.handler.accepted == ("job", "slot", "scheduled_at", "reason", "attempt", "data")
     assert s.every("slot", "1h", tasks.just_slot).handler.accepted == (
-        "job", "slot", "scheduled_at", "reason", "attempt", "data"
+        "job", "slot", "scheduled_at", "reason", "attempt", "data", "trace"
     )
     assert s.every("ctx", "1h", tasks.with_context).handler.accepted == ("job", "slot")
     assert s.every("bare", "1h", tasks.bare).handler.accepted == ()

@@ -9,7 +9,8 @@ blocks, the test kills that worker with SIGKILL, and the other takes the run ove
 * One transaction (runs and task queue on one alias): a kill before or after the enqueue
   rolls the enqueue back with the rest, and the backup's enqueue is the only one.
 * Two aliases (runs through ``runs``, tasks on ``default``: the same database, but no shared
-  transaction): a kill after the enqueue leaves the task, which the backup finds and does
+  transaction): a kill after the claim, before the beat started, leaves nothing, and the
+  backup enqueues the only task; a kill after the enqueue leaves the task, which the backup finds and does
   not enqueue again; a kill between the marker and the enqueue leaves a slot that nobody
   can prove unenqueued, recorded failed and never enqueued (at most once).
 """
@@ -134,6 +135,22 @@ def test_one_transaction_kill_rolls_back_and_the_backup_enqueues_once(
     _assert_each_slot_once(db)
     (task,) = [t for t in _tasks(db) if t[0] == slot]
     assert task[1] == 2, "the killed attempt 1's enqueue must have been rolled back"
+    attempts = [a for a in db.attempts() if a[1] == slot]
+    assert sorted((a[3], a[4], a[5]) for a in attempts) == [
+        (1, "scheduled", "interrupted"), (2, "takeover", "success")
+    ], attempts
+
+
+def test_two_aliases_kill_after_the_claim_the_backup_enqueues_once(
+    pg_db: Callable[..., Database], workers: Workers, task_worker: Any, tmp_path: Path,
+) -> None:
+    """Won, killed before the beat wrote anything: the backup's enqueue is the only one."""
+    db, slot = _scenario(pg_db, workers, task_worker, tmp_path, "claimed", runs_alias="runs")
+    wait_for(lambda: _task_runs(db)[slot] >= 1, 60, "the backup's task of the killed slot to run")
+    _finish(db, workers, slot)
+    _assert_each_slot_once(db)
+    (task,) = [t for t in _tasks(db) if t[0] == slot]
+    assert task[1] == 2, "the backup's attempt 2 enqueued it"
     attempts = [a for a in db.attempts() if a[1] == slot]
     assert sorted((a[3], a[4], a[5]) for a in attempts) == [
         (1, "scheduled", "interrupted"), (2, "takeover", "success")

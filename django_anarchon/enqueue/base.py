@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from ..engine.context import JobContext
 
 #: The keyword arguments a task may take from its slot: a task receives those its
-#: function names (all of them if it takes ``**kwargs``).
-SLOT_ARGUMENTS = ("job", "slot", "scheduled_at", "reason", "attempt", "data")
+#: function names (all of them if it takes ``**kwargs``). ``trace`` is the attempt's
+#: trace context (``contrib.otel.inject_context()``: empty without OpenTelemetry).
+SLOT_ARGUMENTS = ("job", "slot", "scheduled_at", "reason", "attempt", "data", "trace")
 
 
 @runtime_checkable
@@ -65,6 +66,8 @@ def accepted_arguments(function: Callable[..., Any]) -> tuple[str, ...]:
 
 def slot_kwargs(ctx: JobContext, accepted: tuple[str, ...]) -> dict[str, Any]:
     """The JSON-able slot arguments for a task that takes ``accepted``."""
+    from ..contrib.otel import inject_context
+
     values: dict[str, Any] = {
         "job": ctx.name,
         "slot": ctx.slot,
@@ -72,6 +75,7 @@ def slot_kwargs(ctx: JobContext, accepted: tuple[str, ...]) -> dict[str, Any]:
         "reason": ctx.reason,
         "attempt": ctx.attempt,
         "data": ctx.data,
+        "trace": inject_context() if "trace" in accepted else {},
     }
     return {name: values[name] for name in accepted}
 

@@ -103,8 +103,15 @@ class CeleryTarget:
         return str(name or self.task.app.conf.task_default_queue)
 
     def enqueue(self, job: str, slot: int, kwargs: Mapping[str, Any]) -> str:
+        from ..contrib.otel import inject_context
+
         task_id = task_id_for(job, slot)
-        self.task.apply_async(kwargs=dict(kwargs), task_id=task_id, **self.options)
+        options = dict(self.options)
+        # The attempt's trace context, where opentelemetry-instrumentation-celery looks.
+        trace = inject_context()
+        if trace:
+            options["headers"] = {**options.get("headers", {}), **trace}
+        self.task.apply_async(kwargs=dict(kwargs), task_id=task_id, **options)
         return task_id
 
     def find(self, job: str, slot: int) -> str | None:

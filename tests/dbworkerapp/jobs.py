@@ -9,7 +9,8 @@
   ``ANARCHON_DBW_PAUSE`` = ``enqueue`` (before the enqueue) or ``enqueued`` (after it, before
   the run's finish), the first attempt 1 to get there in any process writes
   ``$ANARCHON_DBW_PAUSE_DIR/paused`` (its pid, job and slot) and blocks until the test
-  kills it.
+  kills it; ``claimed`` pauses earlier, in the run's data provider: the slot is won, the
+  beat has not started.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ def _pause(point: str, job: str, slot: int, kwargs: Mapping[str, Any]) -> None:
         time.sleep(0.05)
 
 
+def claimed_pause(ctx: Any) -> None:
+    """The beat jobs' data provider: the pause point ``claimed`` (won, the beat not started)."""
+    _pause("claimed", ctx.name, ctx.slot, {"attempt": ctx.attempt})
+
+
 class PausingTarget:
     """The real django.tasks target, with the test's pause points around its enqueue."""
 
@@ -108,4 +114,6 @@ if SCENARIO == "tasks":
 
     from .tasks import beat_task
 
-    every("2s", name="beat", max_attempts=3)(PausingTarget(DjangoTaskTarget(beat_task)))
+    every("2s", name="beat", max_attempts=3, data=claimed_pause)(
+        PausingTarget(DjangoTaskTarget(beat_task))
+    )

@@ -33,3 +33,8 @@ def needs_user(user_id: int, job: str = "") -> None:
 @task()
 def bare() -> None:
     """Takes nothing: enqueued with no arguments (and cannot be found by its slot)."""
+
+
+@task()
+def traced(job: str, slot: int, trace: dict[str, str]) -> None:
+    """Takes the attempt's trace context (tests/test_otel.py)."""
