@@ -145,6 +145,7 @@ class Report:
     lateness: list[int]
     first: int | None
     bursts: list[int]
+    note: str = ""
 
 
 def _database(store: str) -> tuple[str, Any]:
@@ -226,8 +227,11 @@ def _run(args: argparse.Namespace, store: str, workload: str, jobs: int, every_m
         drop()
         if store == "redis":
             _delete_prefix(prefix)
-    return _report(store, workload, results, [f"{prefix}-{i:05d}" for i in range(jobs)],
-                   every_ms, until)
+    report = _report(store, workload, results, [f"{prefix}-{i:05d}" for i in range(jobs)],
+                     every_ms, until)
+    if peer:
+        report.note = peers.note(store, results)
+    return report
 
 
 def _delete_prefix(prefix: str) -> None:
@@ -296,6 +300,9 @@ def _print(reports: list[Report], args: argparse.Namespace, skipped: list[str]) 
         bursts = ", ".join(f"{b} ms" for b in r.bursts) or "-"
         print(f"| {r.store} | {r.workload} | {r.runs:,} | {r.duplicates} | {r.misses} | {median} "
               f"| {_pct(r.lateness, 0.99)} | {_pct(r.lateness, 1.0)} | {first} | {bursts} |")
+    notes = [r.note for r in reports if r.note]
+    if notes:
+        print("\n" + "\n".join(f"- {n}" for n in notes))
 
 
 def main() -> None:

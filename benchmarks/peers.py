@@ -52,6 +52,26 @@ def versions(stores: list[str]) -> str:
     return ", ".join(found)
 
 
+def note(store: str, results: list[dict[str, Any]]) -> str:
+    """What the duplicates of ``store`` were, from the worker processes' records."""
+    by_slot: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for r in results:
+        ids = r.get("job_ids") or [0] * len(r["starts"])
+        for (job, slot, _), job_id in zip(r["starts"], ids, strict=True):
+            by_slot.setdefault((job, slot), []).append((r["instance"], job_id))
+    twice = [runs for runs in by_slot.values() if len(runs) > 1]
+    if store == "procrastinate":
+        if not twice:
+            return f"{store}: no slot started more than once"
+        deferred = sum(1 for runs in twice if len({i for _, i in runs}) == len(runs))
+        return (f"{store}: {len(twice)} slots started more than once; {deferred} of them as "
+                "distinct jobs (the slot deferred again), the rest one job run again")
+    spread = {n: sum(1 for runs in by_slot.values() if len({w for w, _ in runs}) == n)
+              for n in range(1, len(results) + 1)}
+    return (f"{store}: slots started by 1, 2, 3, 4 distinct processes: "
+            + ", ".join(str(spread[n]) for n in sorted(spread)))
+
+
 def _conninfo(database: str) -> str:
     return f"host=127.0.0.1 port=5432 user=postgres dbname={database}"
 
@@ -96,23 +116,29 @@ def _now_ms() -> int:
 
 async def _procrastinate(args: argparse.Namespace) -> dict[str, Any]:
     import procrastinate
+    from procrastinate.job_context import JobContext
     from procrastinate.worker import Worker
 
     starts: list[tuple[str, int, int]] = []
+    job_ids: list[int] = []  # beside starts: tells a slot deferred twice from a job run twice
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(
         conninfo=_conninfo(args.database), min_size=1, max_size=POOL_SIZE))
 
     def register(name: str) -> None:
+        def started(context: JobContext, timestamp: int) -> None:
+            starts.append((name, timestamp * 1000, _now_ms()))
+            job_ids.append(context.job.id or 0)
+
         if args.handler == "async":
-            async def handler(timestamp: int) -> None:
-                starts.append((name, timestamp * 1000, _now_ms()))
+            async def handler(context: JobContext, timestamp: int) -> None:
+                started(context, timestamp)
 
-            task: Any = app.task(name=name)(handler)
+            task: Any = app.task(name=name, pass_context=True)(handler)
         else:
-            def sync_handler(timestamp: int) -> None:
-                starts.append((name, timestamp * 1000, _now_ms()))
+            def sync_handler(context: JobContext, timestamp: int) -> None:
+                started(context, timestamp)
 
-            task = app.task(name=name)(sync_handler)
+            task = app.task(name=name, pass_context=True)(sync_handler)
         app.periodic(cron="* * * * * *", periodic_id="bench")(task)
 
     for i in range(args.jobs):
@@ -132,7 +158,7 @@ async def _procrastinate(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(max(0.0, (args.until - ready) / 1000))
         worker.stop()
         await asyncio.wait_for(running, timeout=10)
-    return {"instance": args.instance, "ready": ready, "starts": starts}
+    return {"instance": args.instance, "ready": ready, "starts": starts, "job_ids": job_ids}
 
 
 # -- APScheduler 3 --------------------------------------------------------------------
