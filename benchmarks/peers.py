@@ -68,7 +68,8 @@ def note(store: str, results: list[dict[str, Any]]) -> str:
                 "distinct jobs (the slot deferred again), the rest one job run again")
     spread = {n: sum(1 for runs in by_slot.values() if len({w for w, _ in runs}) == n)
               for n in range(1, len(results) + 1)}
-    return (f"{store}: slots started by 1, 2, 3, 4 distinct processes: "
+    counts = ", ".join(str(n) for n in sorted(spread))
+    return (f"{store}: slots by how many processes started them ({counts}): "
             + ", ".join(str(spread[n]) for n in sorted(spread)))
 
 
