@@ -29,7 +29,7 @@ from typing import Any
 
 PEERS = {"procrastinate": ("procrastinate",), "apscheduler": ("apscheduler", "sqlalchemy")}
 
-#: Every pool this small: the PostgreSQL server is shared (100 connections in all).
+#: Small pools: 4 workers per peer on a PostgreSQL server shared by other sessions.
 POOL_SIZE = 5
 
 
