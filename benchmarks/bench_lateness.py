@@ -1,6 +1,7 @@
 """Start lateness end to end: worker processes, real stores, handlers that time themselves.
 
-    python benchmarks/bench_lateness.py [--workers 4] [--stores postgres,redis,mysql,sqlite]
+    python benchmarks/bench_lateness.py [--workers 4]
+                                        [--stores postgres,redis,mysql,sqlite,procrastinate,apscheduler]
                                         [--steady 20] [--burst 35] [--burst-jobs 1000]
                                         [--handler sync|async] [--profile DIR]
 
@@ -17,8 +18,11 @@ worker processes on one store:
   started; p50/p99 over every run.
 
 Every workload also counts runs, duplicates (a slot started twice) and misses (a slot
-due while every worker was up that never started). ``--profile DIR`` runs each worker
-under cProfile and writes ``DIR/<store>-<workload>-<i>.prof``. Prints a Markdown report.
+due while every worker was up that never started). The stores ``procrastinate`` and
+``apscheduler`` are peers on the steady workload, each on a PostgreSQL database of its own
+(benchmarks/peers.py; a peer that is not installed is skipped with a line saying so).
+``--profile DIR`` runs each worker of the project's stores under cProfile and writes
+``DIR/<store>-<workload>-<i>.prof``. Prints a Markdown report.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+# As benchmarks.peers, never as peers: APScheduler's store names its job by module.
+from benchmarks import peers  # noqa: E402
 
 WARM_UP_MS = 3_000
 BURST_EVERY_MS = 10_000
@@ -110,6 +117,9 @@ async def _work(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> None:
+    if args.store in peers.PEERS:
+        Path(args.out).write_text(json.dumps(peers.work(args)))
+        return
     _configure(args.store, args.database)
     if args.profile:
         import cProfile
@@ -135,6 +145,7 @@ class Report:
     lateness: list[int]
     first: int | None
     bursts: list[int]
+    note: str = ""
 
 
 def _database(store: str) -> tuple[str, Any]:
@@ -187,10 +198,13 @@ def _migrate(store: str, database: str) -> None:
 
 def _run(args: argparse.Namespace, store: str, workload: str, jobs: int, every_ms: int,
          seconds: float) -> Report:
-    database, drop = _database(store)
+    peer = store in peers.PEERS
+    database, drop = _database("postgres" if peer else store)
     prefix = f"lb{uuid.uuid4().hex[:6]}"
     try:
-        if store != "redis":
+        if peer:
+            peers.prepare(store, database)
+        elif store != "redis":
             _migrate(store, database)
         # Every worker gets time to import Django and start before the measured window.
         until = int(time.time() * 1000) + 5_000 + int(seconds * 1000)
@@ -201,7 +215,7 @@ def _run(args: argparse.Namespace, store: str, workload: str, jobs: int, every_m
                    "--prefix", prefix, "--instance", f"w{i}", "--jobs", str(jobs),
                    "--every-ms", str(every_ms), "--until", str(until),
                    "--out", str(out_dir / f"{i}.json"), "--handler", args.handler]
-            if args.profile:
+            if args.profile and not peer:
                 Path(args.profile).mkdir(parents=True, exist_ok=True)
                 cmd += ["--profile", str(Path(args.profile) / f"{store}-{workload}-{i}.prof")]
             procs.append(subprocess.Popen(cmd, cwd=ROOT))
@@ -213,8 +227,11 @@ def _run(args: argparse.Namespace, store: str, workload: str, jobs: int, every_m
         drop()
         if store == "redis":
             _delete_prefix(prefix)
-    return _report(store, workload, results, [f"{prefix}-{i:05d}" for i in range(jobs)],
-                   every_ms, until)
+    report = _report(store, workload, results, [f"{prefix}-{i:05d}" for i in range(jobs)],
+                     every_ms, until)
+    if peer:
+        report.note = peers.note(store, results)
+    return report
 
 
 def _delete_prefix(prefix: str) -> None:
@@ -260,14 +277,20 @@ def _pct(values: list[int], q: float) -> str:
     return f"{values[min(len(values) - 1, int(len(values) * q))]} ms"
 
 
-def _print(reports: list[Report], args: argparse.Namespace) -> None:
+def _print(reports: list[Report], args: argparse.Namespace, skipped: list[str]) -> None:
     from importlib.metadata import version
 
     import django
 
+    measured = [r.store for r in reports if r.store in peers.PEERS]
+    others = peers.versions(measured)
     print(f"{args.workers} worker processes per store, {args.handler} handlers; "
           f"Python {sys.version.split()[0]}, Django {django.get_version()}, "
-          f"django-anarchon {version('django-anarchon')}, {os.cpu_count()} cores\n")
+          f"django-anarchon {version('django-anarchon')}{', ' + others if others else ''}, "
+          f"{os.cpu_count()} cores, load average {args.load:.1f} at the start and "
+          f"{os.getloadavg()[0]:.1f} at the end\n")
+    for line in skipped:
+        print(f"{line}\n")
     print("| store | workload | runs | duplicates | misses | p50 | p99 | max | first slot "
           "| last handler of each burst |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -277,6 +300,9 @@ def _print(reports: list[Report], args: argparse.Namespace) -> None:
         bursts = ", ".join(f"{b} ms" for b in r.bursts) or "-"
         print(f"| {r.store} | {r.workload} | {r.runs:,} | {r.duplicates} | {r.misses} | {median} "
               f"| {_pct(r.lateness, 0.99)} | {_pct(r.lateness, 1.0)} | {first} | {bursts} |")
+    notes = [r.note for r in reports if r.note]
+    if notes:
+        print("\n" + "\n".join(f"- {n}" for n in notes))
 
 
 def main() -> None:
@@ -287,7 +313,8 @@ def main() -> None:
     for name in ("--jobs", "--every-ms", "--until"):
         parser.add_argument(name, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--stores", default="postgres,redis,mysql,sqlite")
+    parser.add_argument("--stores",
+                        default="postgres,redis,mysql,sqlite,procrastinate,apscheduler")
     parser.add_argument("--steady", type=float, default=20.0, help="seconds of the 10-job run")
     parser.add_argument("--burst", type=float, default=35.0, help="seconds of the burst run")
     parser.add_argument("--burst-jobs", type=int, default=1000)
@@ -297,12 +324,17 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    reports = []
+    args.load = os.getloadavg()[0]  # the machine may be shared: say how busy it was
+    reports, skipped = [], []
     for store in args.stores.split(","):
+        reason = peers.skipped(store) if store in peers.PEERS else None
+        if reason:
+            skipped.append(reason)
+            continue
         reports.append(_run(args, store, "steady", 10, 1_000, args.steady))
         if store in ("postgres", "redis") and args.burst > 0:
             reports.append(_run(args, store, "burst", args.burst_jobs, BURST_EVERY_MS, args.burst))
-    _print(reports, args)
+    _print(reports, args, skipped)
 
 
 if __name__ == "__main__":
