@@ -15,7 +15,6 @@ it was not sent and never sends it (at most once).
 
 from __future__ import annotations
 
-import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,15 +58,7 @@ def _scenario(
     for instance in ("W1", "W2"):
         workers.start(db, instance)
     workers.wait_started()
-    paused = tmp_path / "paused"
-    wait_for(lambda: paused.exists() and paused.read_text().count(" ") == 2, 60,
-             "a worker to pause")
-    pid, job, slot = paused.read_text().split()
-    victims = [i for i, p in workers.procs.items() if p.pid == int(pid)]
-    assert victims and job == "beat", paused.read_text()
-    workers.signal(victims[0], signal.SIGKILL)
-    workers.procs[victims[0]].wait(10)
-    return db, int(slot)
+    return db, workers.kill_the_paused(tmp_path, "beat")
 
 
 def _runs(env: CeleryEnv) -> Counter[int]:

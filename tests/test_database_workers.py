@@ -168,6 +168,21 @@ class Workers:
     def signal(self, instance: str, sig: int) -> None:
         self.procs[instance].send_signal(sig)
 
+    def kill_the_paused(self, pause_dir: Path, job: str) -> int:
+        """SIGKILL the worker that paused at a pause point of tests/dbworkerapp/jobs.py.
+
+        Returns the slot it paused in.
+        """
+        paused = pause_dir / "paused"
+        wait_for(lambda: paused.exists() and paused.read_text().count(" ") == 2, 60,
+                 "a worker to pause")
+        pid, paused_job, slot = paused.read_text().split()
+        victims = [i for i, p in self.procs.items() if p.pid == int(pid)]
+        assert victims and paused_job == job, paused.read_text()
+        self.signal(victims[0], signal.SIGKILL)
+        self.procs[victims[0]].wait(10)
+        return int(slot)
+
     def stop_all(self, timeout: float = 30) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

@@ -18,7 +18,6 @@ blocks, the test kills that worker with SIGKILL, and the other takes the run ove
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -91,15 +90,8 @@ def _scenario(
     for instance in ("W1", "W2"):
         workers.start(db, instance)
     workers.wait_started()
-    paused = tmp_path / "paused"
-    wait_for(lambda: paused.exists() and paused.read_text().count(" ") == 2, 60,
-             "a worker to pause")
-    pid, job, slot = paused.read_text().split()
-    victims = [i for i, p in workers.procs.items() if p.pid == int(pid)]
-    assert victims and job == "beat", paused.read_text()
-    workers.signal(victims[0], signal.SIGKILL)
-    workers.procs[victims[0]].wait(10)
-    return db, int(slot)
+    return db, workers.kill_the_paused(tmp_path, "beat")
+
 
 
 def _finish(db: Database, workers: Workers, slot: int, later: int = 2) -> None:
