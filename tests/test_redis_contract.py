@@ -31,7 +31,7 @@ def redis_prefix() -> Iterator[tuple[str, str]]:
     delete_prefix(url, PROCESS_PREFIX)
 
 
-#: 50 x 1,000 by default; ANARCHON_RACE_ROUNDS overrides it (scripts/test: 200 on its
+#: 50 x 1,000 by default; ANARCHON_RACE_ROUNDS overrides it (scripts/test: 50 on its
 #: second interpreter).
 RACE_ROUNDS = int(os.environ.get("ANARCHON_RACE_ROUNDS", "1000"))
 
