@@ -118,9 +118,14 @@ def test_a_celery_task_is_a_target() -> None:
     assert isinstance(target, CeleryTarget) and target.task is record_once
     assert (target.kind, target.database_alias()) == ("celery", None)
     assert target.describe() == "celery anarchon_tests.record_once (anarchon-q)"
-    assert accepted_arguments(target.function()) == ("job", "slot")  # bind=True: no self
+    assert accepted_arguments(target.function()) == ("job", "slot", "attempt")  # bind: no self
     assert len(accepted_arguments(CeleryTarget(record).function())) == 7  # **rest takes all
     assert CeleryTarget(record, queue="other").describe().endswith("(other)")
+    assert (CeleryTarget(record).idempotent, CeleryTarget(record, idempotent=True).idempotent) == (
+        False, True
+    )
+    with pytest.raises(ConfigurationError, match="option 'idempotent' = 'yes'"):
+        CeleryTarget(record, idempotent="yes")
     assert maybe_target(target) is target
     assert maybe_target(lambda ctx: None) is None
     assert maybe_target(record.run) is None  # the bare function is a handler, not a task
@@ -140,7 +145,7 @@ def test_a_celery_task_where_a_handler_goes_becomes_the_jobs_target() -> None:
     s = Scheduler(MemoryBackend(), instance_id="A")
     job = s.every("report", "1h", app.tasks["anarchon_tests.record_once"])
     assert isinstance(job.target, CeleryTarget)
-    assert job.handler.accepted == ("job", "slot")
+    assert job.handler.accepted == ("job", "slot", "attempt")
     decorated = every("1h", scheduler=s)(app.tasks["anarchon_tests.record"])
     assert decorated is app.tasks["anarchon_tests.record"]  # still the task: .delay() works
     assert sorted(info.name for info in s.jobs()) == ["report", "tests.celeryapp.record"]

@@ -44,7 +44,7 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
 
 def _scenario(
     pg_db: Callable[..., Database], workers: Workers, celery_env: CeleryEnv,
-    start_worker: Any, tmp_path: Path, pause: str,
+    start_worker: Any, tmp_path: Path, pause: str, **env: str,
 ) -> tuple[Database, int]:
     """Start it all, kill the worker that paused at ``pause``; return the db and its slot."""
     db = pg_db("celery", "2s")
@@ -53,6 +53,7 @@ def _scenario(
         ANARCHON_DBW_PAUSE=pause, ANARCHON_DBW_PAUSE_DIR=str(tmp_path),
         ANARCHON_CELERY_BROKER=celery_env.broker, ANARCHON_CELERY_BACKEND=celery_env.backend,
         ANARCHON_CELERY_QUEUE=celery_env.queue, ANARCHON_CELERY_WITNESS=str(celery_env.witness),
+        **env,
     )
     start_worker()
     for instance in ("W1", "W2"):
@@ -143,3 +144,20 @@ def test_killed_before_apply_async_is_at_most_once(
     attempts = {a[3]: a for a in db.attempts() if a[1] == slot}
     assert sorted(attempts) == [1, 2, 3], attempts
     assert attempts[1][5] == "interrupted" and attempts[2][5] == attempts[3][5] == "failed"
+
+
+def test_killed_before_apply_async_an_idempotent_task_is_sent_again_and_runs_once(
+    pg_db: Callable[..., Database], workers: Workers, celery_env: CeleryEnv,
+    start_worker: Any, tmp_path: Path,
+) -> None:
+    """``idempotent=True``: the backup cannot tell either, so it sends with the same id."""
+    db, slot = _scenario(pg_db, workers, celery_env, start_worker, tmp_path, "enqueue",
+                         ANARCHON_CELERY_IDEMPOTENT="1")
+    wait_for(lambda: _runs(celery_env)[slot] >= 1, 60, "the backup's task of the killed slot")
+    _finish(db, workers, celery_env, slot)
+    _assert_each_slot_once(db, celery_env)
+    assert not [e for e in celery_env.executions() if e["duplicate"]]
+    attempts = [a for a in db.attempts() if a[1] == slot]
+    assert sorted((a[3], a[4], a[5]) for a in attempts) == [
+        (1, "scheduled", "interrupted"), (2, "takeover", "success")
+    ], attempts

@@ -57,13 +57,17 @@ class CeleryTarget:
 
     A task given where a handler goes becomes ``CeleryTarget(task)``; wrap it yourself to
     pass ``apply_async`` options (``queue``, ``priority``, ``expires``, ...). The options
-    ``task_id``, ``args`` and ``kwargs`` are the beat's.
+    ``task_id``, ``args`` and ``kwargs`` are the beat's. ``idempotent=True`` says the task
+    does its work once per task id (docs/celery.md): a takeover that cannot tell whether
+    the dead attempt sent the message then sends it again, with the same id, instead of
+    failing the slot.
     """
 
     kind = "celery"
 
     def __init__(
-        self, task: Any, *, inspect_timeout: float = INSPECT_TIMEOUT_S, **options: Any
+        self, task: Any, *, idempotent: bool = False,
+        inspect_timeout: float = INSPECT_TIMEOUT_S, **options: Any,
     ) -> None:
         from ..exceptions import ConfigurationError
 
@@ -79,9 +83,16 @@ class CeleryTarget:
                 f"Celery task {getattr(task, 'name', task)!r}: a number of seconds above 0",
                 option="inspect_timeout", value=inspect_timeout,
             )
+        if not isinstance(idempotent, bool):
+            raise ConfigurationError(
+                f"Celery task {getattr(task, 'name', task)!r}: True or False",
+                option="idempotent", value=idempotent,
+            )
         self.task = task
         self.options = options
         self.inspect_timeout = inspect_timeout
+        #: Read by the beat (enqueue/run.py): a second message of one id does no harm.
+        self.idempotent = idempotent
 
     def describe(self) -> str:
         return f"celery {self.task.name} ({self.queue()})"

@@ -131,7 +131,7 @@ class TaskBeat:
                 task_id = str(record.task_id)
             else:
                 if record is not None:  # a marker of the other path (the settings changed)
-                    task_id = self._found_or_refuse(ctx, record)
+                    task_id = self._found_or_refuse(ctx, record, kwargs)
                 else:
                     task_id = self.target.enqueue(job, slot, kwargs)
                     record = EnqueuedTask(job=job, slot=slot, target=self.target.describe()[:500])
@@ -153,7 +153,7 @@ class TaskBeat:
         if record is not None:
             if record.task_id:
                 return str(record.task_id)  # an earlier attempt enqueued it and said so
-            task_id = self._found_or_refuse(ctx, record)
+            task_id = self._found_or_refuse(ctx, record, kwargs)
             _enqueued(record, task_id, ctx)
             record.save(using=using)
             return task_id
@@ -181,8 +181,15 @@ class TaskBeat:
         marker.save(using=using)
         return task_id
 
-    def _found_or_refuse(self, ctx: JobContext, record: EnqueuedTask) -> str:
-        """A marker without an id: the task the target finds, else refuse to enqueue again."""
+    def _found_or_refuse(
+        self, ctx: JobContext, record: EnqueuedTask, kwargs: Mapping[str, Any]
+    ) -> str:
+        """A marker without an id: the task the target finds, else refuse to enqueue again.
+
+        A target whose task is idempotent by its id (``idempotent``, e.g. a Celery target:
+        its ids come from the slot) is enqueued again instead: a second message with the
+        same id does the work once.
+        """
         found = self.target.find(ctx.name, ctx.slot)
         if found is not None:
             logger.info(
@@ -190,6 +197,14 @@ class TaskBeat:
                 ctx.name, ctx.slot, ctx.attempt, found, record.attempt,
             )
             return found
+        if getattr(self.target, "idempotent", False) is True:
+            task_id = self.target.enqueue(ctx.name, ctx.slot, kwargs)
+            logger.info(
+                "job %s slot %s: attempt %s sent the task %s again (attempt %s may have sent "
+                "it; the task is idempotent by its id)",
+                ctx.name, ctx.slot, ctx.attempt, task_id, record.attempt,
+            )
+            return task_id
         raise EnqueueUnknownError(
             f"job {ctx.name!r}: attempt {record.attempt} (instance {record.instance_id}) was "
             f"enqueueing this slot's task and never recorded the outcome"

@@ -39,8 +39,11 @@ def make_app(broker: str, backend: str, queue: str) -> Celery:
         return str(self.request.id)
 
     @app.task(bind=True, name="anarchon_tests.record_once", shared=False)
-    def record_once(self: Any, job: str, slot: int) -> str:
-        """The idempotent pattern of docs/celery.md: the task id claimed first, then the work."""
+    def record_once(self: Any, job: str, slot: int, attempt: int = 1) -> str:
+        """The idempotent pattern of docs/celery.md: the task id claimed first, then the work.
+
+        ``attempt`` (unused) lets the pause points of the worker tests see the attempt.
+        """
         import redis
 
         client = redis.Redis.from_url(self.app.conf.result_backend)

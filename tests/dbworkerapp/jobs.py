@@ -89,6 +89,7 @@ class PausingTarget:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.kind = inner.kind
+        self.idempotent = getattr(inner, "idempotent", False)
 
     def describe(self) -> str:
         return str(self.inner.describe())
