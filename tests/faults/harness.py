@@ -158,25 +158,19 @@ def now_ms() -> float:
 
 
 def libfaketime() -> str | None:
-    """The libfaketime shared object: ``FAULTS_LIBFAKETIME``, or Debian's ``faketime``.
-
-    The thread-safe build (``libfaketimeMT``): a worker runs threads (the database
-    backend's, the handler pool).
-    """
+    """The libfaketime shared object: ``FAULTS_LIBFAKETIME``, or Debian's ``faketime``."""
     if os.environ.get("FAULTS_LIBFAKETIME"):
         return os.environ["FAULTS_LIBFAKETIME"]
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
     return found[0] if found else None
 
 
-def skew_env(skew_ms: int) -> dict[str, str]:
-    """What makes a child's clocks run ``skew_ms`` off.
+#: A ``sitecustomize`` for skewed workers only (a ``time.sleep`` that works under libfaketime).
+FAKETIME_SITE = Path(__file__).resolve().parent / "faketime_site"
 
-    Its monotonic clock moves by the same offset, which no process compares with another's.
-    It is not kept true (``FAKETIME_DONT_FAKE_MONOTONIC``): with that, libfaketime's
-    ``clock_nanosleep`` fails, so every ``time.sleep()`` raised ``OSError(EINVAL)``, and a
-    skewed worker's database backend could not back off and reconnect after a restart.
-    """
+
+def skew_env(skew_ms: int) -> dict[str, str]:
+    """What makes a child's ``time.time()`` run ``skew_ms`` off, and its monotonic clock true."""
     if not skew_ms:
         return {}
     if skew_ms % 1000:
@@ -184,7 +178,10 @@ def skew_env(skew_ms: int) -> dict[str, str]:
     lib = libfaketime()
     if lib is None:
         raise RuntimeError("libfaketime not found (apt-get install faketime)")
-    return {"LD_PRELOAD": lib, "FAKETIME": f"{skew_ms // 1000:+d}"}
+    return {"LD_PRELOAD": lib, "FAKETIME": f"{skew_ms // 1000:+d}",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            # time.sleep() fails under that libfaketime setting: see its sitecustomize.
+            "PYTHONPATH": os.pathsep.join([str(FAKETIME_SITE), python_path()])}
 
 
 def probe_skew(skew_ms: int) -> float:
