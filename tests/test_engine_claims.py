@@ -280,3 +280,29 @@ async def test_a_stop_while_the_store_is_down_at_start_ends_the_wait() -> None:
     assert not scheduler.running
     await scheduler.stop()
     assert not events.named("start")
+
+
+class _Delayed:
+    """The real memory store's clock behind a transport with 20 ms each way."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        self.runs = backend.runs
+
+    async def now_ms(self, job: str) -> int:
+        await asyncio.sleep(0.02)
+        store = int(await self.runs.now_ms(job))
+        await asyncio.sleep(0.02)
+        return store
+
+
+async def test_the_store_clock_offset_is_not_biased_by_the_round_trip(skew: Any) -> None:
+    """A worker 5 s ahead estimated the offset at the low end of the round trip: armed up to
+    a round trip after the other instances, it lost every race (a fault run's worker
+    started nothing for 12 s). The midpoint is within the trip's asymmetry of the truth."""
+    from django_anarchon.engine.clock import StoreClock
+
+    skew(5_000)
+    clock = StoreClock("test")
+    assert await clock.measure(_Delayed(true_store()), "tick")
+    # True offset -5000 ms; the low end read -5020 (20 ms late), the midpoint about -5000.
+    assert abs(clock.offset_ms + 5_000) <= 8, clock.offset_ms

@@ -5,6 +5,11 @@ own clock runs ahead by S used to arm its timers S early: each claim was answere
 ``early``, waited, and came back a round trip behind the other instances' (so it lost
 most races), and alone at start it skipped the slots due in its first S seconds. Arming
 at ``slot - offset`` on the local clock puts its claims at the slot by the store's clock.
+The offset is the midpoint estimate (the store read its clock halfway through the round
+trip): the low end of what the round trip allows armed a worker ahead up to a round trip
+after the others, and it lost every race to them (a fault run's worker 5 s ahead started
+nothing for 12 s). A claim armed by the midpoint still travels half a round trip, so it
+does not reach the store before the slot either.
 
 The offset is read from a lease store's optional ``runs.now_ms(job)`` at start and then
 every ``REFRESH_S``; a store without it, or a read that fails, leaves the offset as it
@@ -55,10 +60,10 @@ class StoreClock:
                 store = int(await read(job))
                 back = now_ms()
                 # The store read its clock somewhere in the round trip, so the offset lies
-                # in [store - back, store - sent]. The low end never arms a claim before
-                # the slot; clocks that agree within the round trip keep 0 (as ever).
+                # in [store - back, store - sent]; its midpoint is the estimate (module
+                # docstring). Clocks that agree within the round trip keep 0 (as ever).
                 low, high = store - back, store - sent
-                sample = (back - sent, 0 if low <= 0 <= high else low)
+                sample = (back - sent, 0 if low <= 0 <= high else (low + high) // 2)
                 if best is None or sample[0] < best[0]:
                     best = sample
         except Exception as exc:

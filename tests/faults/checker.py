@@ -20,8 +20,11 @@ The verdict kinds (docs/faults.md states each rule):
                on a claim-only store by more than the starting worker's clock skew.
 ``takeover``   attempt n > 1 whose attempt n - 1 ran on a worker that was neither killed,
                crashed, cut off (a store fault) nor stopped in between.
-``idle``       a worker alive at the end, up for ``idle_ms``, that started nothing in the
-               last ``idle_ms`` (unless its clock is behind one that wins legitimately).
+``idle``       a worker alive at the end, up for ``idle_ms``, that started nothing and heard
+               no answer to a claim in the last ``idle_ms`` (unless its clock is behind
+               one that wins legitimately). A worker that claims and loses every race
+               (its clock ahead, armed by an estimate of the store's, against workers
+               whose clocks are exact) is claiming, not idle.
 ``stop``       a worker that did not exit 0 within grace + ``stop_bound_ms`` of SIGTERM.
 ``crash``      a worker that exited by itself (not killed, not stopped).
 """
@@ -358,6 +361,11 @@ def check(jobs: list[JobSpec], lines: list[Line], events: list[Event], rules: Ru
     for s in starts:
         per_instance[s.instance] += 1
         last_start[s.instance] = max(last_start.get(s.instance, -math.inf), s.true_ms)
+    last_answer: dict[str, float] = {}
+    for line in lines:
+        if line.event == "claim":
+            last_answer[line.instance] = max(last_answer.get(line.instance, -math.inf),
+                                             line.true_ms)
     for life in lives.values():
         if life.crashed:
             violations.append(Violation(
@@ -386,13 +394,16 @@ def check(jobs: list[JobSpec], lines: list[Line], events: list[Event], rules: Ru
         for life in alive:
             if last_start.get(life.instance, -math.inf) >= since:
                 continue
+            if last_answer.get(life.instance, -math.inf) >= since:
+                continue  # claiming and answered: it lost its races, it is not wedged
             if _uncovered(life, lives.values(), since, end, rules) <= rules.claim_bound_ms:
                 exempt += 1
                 continue
             violations.append(Violation(
                 "idle", f"worker {life.instance} (clock {life.skew_ms:+d} ms) started nothing in "
-                f"the last {rules.idle_ms} ms before SIGTERM (last start "
-                f"{_ago(last_start.get(life.instance), end)})"))
+                f"the last {rules.idle_ms} ms before SIGTERM and heard no claim answered "
+                f"(last start {_ago(last_start.get(life.instance), end)}, last answer "
+                f"{_ago(last_answer.get(life.instance), end)})"))
 
     stats: dict[str, Any] = {
         "slots": expected, "starts": len(starts),

@@ -266,7 +266,8 @@ class Fleet:
         log = self.log_dir / f"{instance}.log"
         popen = spawn(
             [sys.executable, "-m", "django", "anarchon_worker", "--instance-id", instance,
-             "--grace", f"{self.config.grace_ms}ms"],
+             "--grace", f"{self.config.grace_ms}ms",
+             *(["-v", "2"] if os.environ.get("FAULTS_DEBUG") else [])],  # each claim's answer
             log, env={**self.env, **skew_env(skew), "FAULTS_SKEW_MS": str(skew)}, cwd=work_dir(),
         )
         proc = Proc(instance, slot, skew, popen, log)

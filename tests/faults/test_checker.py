@@ -168,6 +168,22 @@ def test_a_worker_behind_the_store_clock_is_not_idle_for_always_coming_late() ->
     only(verdict(lines, events, lease=True), "idle")
 
 
+def test_a_worker_ahead_that_loses_every_race_but_hears_answers_is_not_idle() -> None:
+    """Seen in a short run: a +5 s worker, armed by its estimate of the store's clock, came
+    a millisecond after workers whose clocks are exact and lost every claim for 12 s."""
+    events = [*worker("w0", skew=5000), *worker("w1")]
+    lines = [line(x.job, x.slot, x.instance, x.true_ms, skew=5000 if x.instance == "w0" else 0)
+             for x in _last_seconds_by_w0(clean_lines())]
+    lines = [x if x.instance == "w0" else line(x.job, x.slot, "w0", x.true_ms, skew=5000)
+             for x in lines]  # w0 starts everything: w1 won nothing
+    only(verdict(lines, events, lease=True), "idle")
+    answered = [*lines, *(line("a", s, "w1", s + 3, event="claim", reason="running", attempt=0)
+                          for s in range(17_000, 22_000, 1000))]
+    assert verdict(answered, events, lease=True).ok
+    stale = [*lines, line("a", 15_000, "w1", 15_003, event="claim", reason="running", attempt=0)]
+    only(verdict(stale, events, lease=True), "idle")  # its last answer is too old
+
+
 def test_a_worker_ahead_of_a_lease_store_counts_from_its_skew_after_ready() -> None:
     """Seen in CI: a +5 s worker ready 6.2 s before SIGTERM had 1.2 s to start anything."""
     late = [*clean_events(), *worker("w2", skew=5000, ready=TERM - 6000)]

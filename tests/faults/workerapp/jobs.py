@@ -2,7 +2,9 @@
 
 Each handler appends one JSON line per start (and, for long jobs, per end) to
 ``$FAULTS_OUT/<instance>.jsonl`` and flushes it before doing anything else: that file,
-outside the store, is the only witness the checker believes. ``t_ms`` is this process's
+outside the store, is the only witness the checker believes. Each answer of the store to
+one of this worker's claims is a line too (``claim``, the answer in ``reason``): a worker
+that keeps claiming and hears back is not idle, even when it wins nothing. ``t_ms`` is this process's
 ``time.time()``, which libfaketime may skew; ``skew_ms`` (``FAULTS_SKEW_MS``, set by the
 harness) lets the checker put it back on the true clock.
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from django_anarchon import JobContext, every
+from django_anarchon.signals import run_claimed
 
 OUT = Path(os.environ.get("FAULTS_OUT", os.devnull))
 SKEW_MS = int(os.environ.get("FAULTS_SKEW_MS", "0"))
@@ -28,17 +31,31 @@ _sink: IO[str] | None = None
 
 def _write(event: str, ctx: JobContext, **extra: Any) -> None:
     """Append one line and flush it: a kill -9 right after loses nothing."""
+    _append(event, ctx.name, ctx.slot, ctx.instance_id, ctx.attempt, ctx.reason, **extra)
+
+
+def _append(
+    event: str, job: str, slot: int, instance: str, attempt: int, reason: str, **extra: Any
+) -> None:
     global _sink
     line = json.dumps({
-        "event": event, "job": ctx.name, "slot": ctx.slot, "instance": ctx.instance_id,
-        "pid": os.getpid(), "attempt": ctx.attempt, "reason": ctx.reason,
+        "event": event, "job": job, "slot": slot, "instance": instance,
+        "pid": os.getpid(), "attempt": attempt, "reason": reason,
         "t_ms": round(time.time() * 1000, 3), "skew_ms": SKEW_MS, **extra,
     })
     with _lock:
         if _sink is None:
-            _sink = (OUT / f"{ctx.instance_id}.jsonl").open("a", buffering=1)
+            _sink = (OUT / f"{instance}.jsonl").open("a", buffering=1)
         _sink.write(line + "\n")
         _sink.flush()
+
+
+def _claimed(sender: Any, scheduler: Any, event: Any, **kwargs: Any) -> None:
+    if event.job is not None and event.slot is not None:
+        _append("claim", event.job, event.slot, event.instance_id, 0, event.reason or "")
+
+
+run_claimed.connect(_claimed, dispatch_uid="faults-claims")
 
 
 def _handler(run_ms: int) -> Any:
