@@ -50,7 +50,9 @@ def _append(
         _sink.flush()
 
 
-def _claimed(sender: Any, scheduler: Any, event: Any, **kwargs: Any) -> None:
+async def _claimed(sender: Any, scheduler: Any, event: Any, **kwargs: Any) -> None:
+    # Async, so that the signal awaits it on the loop: a sync receiver would be run through
+    # a thread hop between each won claim and its start, and widen that window.
     if event.job is not None and event.slot is not None:
         _append("claim", event.job, event.slot, event.instance_id, 0, event.reason or "")
 
