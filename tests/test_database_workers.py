@@ -239,7 +239,10 @@ def assert_exactly_once(db: Database, due: set[tuple[str, int]]) -> None:
 def _many(db: Database, workers: Workers, count: int, seconds: float, jobs: int = 20) -> None:
     db.env["ANARCHON_DBW_JOBS"] = str(jobs)
     for i in range(count):
-        workers.start(db, f"W{i + 1}")
+        # A grace long enough for the runs already claimed: on loaded cores (CI, after the
+        # contract races) the workers ran 16 s behind, and a 5 s grace left 66 of them
+        # interrupted and their records spooled, so history could not agree with handlers.
+        workers.start(db, f"W{i + 1}", grace="20s")
     workers.wait_started()
     since = now_ms() + 1_000  # every worker is up and has its timers armed
     time.sleep(seconds)
@@ -247,7 +250,7 @@ def _many(db: Database, workers: Workers, count: int, seconds: float, jobs: int 
     # On two loaded cores the workers may run seconds behind: a stop must not send the
     # claims still queued (it claims nothing new), so the slots it checks run first.
     wait_for(lambda: not _not_run(db, due), 60, "every slot due before the stop to run")
-    workers.stop_all()
+    workers.stop_all(timeout=60)
     assert_exactly_once(db, due)
     assert len(due) >= jobs * int(seconds * 5 * 0.5)
 
