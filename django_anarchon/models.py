@@ -16,7 +16,8 @@ from django.utils.translation import gettext_lazy as _
 from .backends.base import ms_to_datetime
 
 __all__ = [
-    "BufferedSlot", "EnqueuedTask", "JobLock", "Run", "RunAttempt", "RunRequest", "ScheduledJob",
+    "BackfillRequest", "BufferedSlot", "EnqueuedTask", "JobLock", "LedgerMark", "Run",
+    "RunAttempt", "RunRequest", "ScheduledJob",
 ]
 
 
@@ -50,13 +51,36 @@ class RunReason(models.TextChoices):
     MANUAL = "manual", _("manual")
     CATCH_UP = "catch-up", _("catch-up")
     TAKEOVER = "takeover", _("takeover")
+    BACKFILL = "backfill", _("backfill")
 
 
 class JobLock(models.Model):
-    """One row per job: claims that must see the job's other runs lock it in turn."""
+    """One row per job: claims that must see the job's other runs lock it in turn.
+
+    It also holds what the store knows of the job itself: its pause (``paused_at_ms`` set)
+    and since when it has had its current schedule. Every such column is nullable, so that
+    the previous release, which inserts rows without them, keeps working during a deploy.
+    """
 
     job = models.CharField(_("job"), max_length=255, unique=True)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    paused_at_ms = models.BigIntegerField(
+        _("paused at"), null=True, blank=True,
+        help_text=_("Epoch milliseconds on the database server's clock; empty: not paused."),
+    )
+    paused_until_ms = models.BigIntegerField(
+        _("paused until"), null=True, blank=True,
+        help_text=_("The pause ends by itself then (empty: until resumed)."),
+    )
+    paused_by = models.CharField(_("paused by"), max_length=150, null=True, blank=True)
+    pause_note = models.TextField(_("pause note"), null=True, blank=True)
+    schedule_fingerprint = models.CharField(
+        _("schedule fingerprint"), max_length=64, null=True, blank=True
+    )
+    known_since_ms = models.BigIntegerField(
+        _("known since"), null=True, blank=True,
+        help_text=_("Since when the store has known the job with this schedule."),
+    )
 
     class Meta:
         verbose_name = _("job lock")
@@ -148,6 +172,74 @@ class BufferedSlot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} @ {_utc(ms_to_datetime(self.slot))}"
+
+
+class LedgerFate(models.TextChoices):
+    SKIPPED = "skipped", _("skipped")
+    MISSED = "missed", _("missed")
+
+
+class LedgerMark(models.Model):
+    """A slot's fate that history does not show: a skip a claim decided, or missed slots.
+
+    ``slot``..``last_slot`` is a range of ``count`` slots of the schedule (missed slots);
+    a skip is one slot. Marks of one job never overlap (``LedgerStore`` in backends/base).
+    """
+
+    job = models.CharField(_("job"), max_length=255)
+    slot = models.BigIntegerField(_("slot"), help_text=_("Scheduled instant, epoch milliseconds."))
+    last_slot = models.BigIntegerField(_("last slot"))
+    count = models.PositiveIntegerField(_("slots"), default=1)
+    fate = models.CharField(_("fate"), max_length=16, choices=LedgerFate.choices)
+    reason = models.CharField(_("reason"), max_length=16)
+    at_ms = models.BigIntegerField(
+        _("recorded at"), help_text=_("Epoch milliseconds on the database server's clock.")
+    )
+    instance_id = models.CharField(_("instance"), max_length=255)
+
+    class Meta:
+        verbose_name = _("ledger mark")
+        verbose_name_plural = _("ledger marks")
+        constraints = [
+            models.UniqueConstraint(fields=["job", "slot"], name="anarchon_mark_job_slot"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} @ {_utc(ms_to_datetime(self.slot))}: {self.fate} ({self.reason})"
+
+
+class BackfillRequest(models.Model):
+    """A backfill asked for by a command or the admin; workers of ``scheduler`` run it.
+
+    ``slots`` are the slots it runs, oldest first (computed when it was filed); each goes
+    through the normal claim with reason ``backfill``, so two requests for one range run
+    each slot once. A worker notes its progress in ``claimed_at``: one whose note is older
+    than ``run_requests.ABANDONED_AFTER_S`` died, and another worker goes on with it.
+    """
+
+    scheduler = models.CharField(_("scheduler"), max_length=100, default="default")
+    job = models.CharField(_("job"), max_length=255)
+    start_ms = models.BigIntegerField(_("from"))
+    end_ms = models.BigIntegerField(_("to"))
+    slots = models.JSONField(_("slots"), default=list)
+    overlap = models.CharField(_("overlap"), max_length=16, default="skip")
+    requested_by = models.CharField(_("requested by"), max_length=150, blank=True)
+    requested_at = models.DateTimeField(_("requested at"), auto_now_add=True)
+    claimed_by = models.CharField(_("claimed by instance"), max_length=255, blank=True)
+    claimed_at = models.DateTimeField(_("claimed at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    done = models.PositiveIntegerField(_("slots done"), default=0)
+
+    class Meta:
+        verbose_name = _("backfill request")
+        verbose_name_plural = _("backfill requests")
+        ordering = ["-requested_at"]
+        indexes = [
+            models.Index(fields=["scheduler", "finished_at"], name="anarchon_backfill_open"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} ({self.scheduler}): {len(self.slots)} slot(s)"
 
 
 class EnqueueState(models.TextChoices):
@@ -264,7 +356,11 @@ class ScheduledJob(RunRequest):
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
         default_permissions = ("view",)
-        permissions = [("run_job", _("Can run a job now from the admin"))]
+        permissions = [
+            ("run_job", _("Can run a job now from the admin")),
+            ("pause_job", _("Can pause and resume a job from the admin")),
+            ("backfill_job", _("Can backfill a job from the admin")),
+        ]
 
 
 def _utc(instant: datetime) -> str:

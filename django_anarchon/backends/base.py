@@ -20,14 +20,23 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 RunStatus = Literal["running", "success", "failed", "interrupted"]
 FinalStatus = Literal["success", "failed", "interrupted"]
-RunReason = Literal["scheduled", "manual", "catch-up", "takeover"]
+RunReason = Literal["scheduled", "manual", "catch-up", "takeover", "backfill"]
 OverlapPolicy = Literal["skip", "allow", "buffer_one", "buffer_all", "cancel_other"]
 #: The overlap policies that need the store to keep more than one lease per run.
 BUFFER_POLICIES = ("buffer_one", "buffer_all")
 ClaimMode = Literal["new", "takeover"]
 OutcomeKind = Literal[
-    "won", "running", "done", "overlap", "none", "late", "early", "buffered"
+    "won", "running", "done", "overlap", "none", "late", "early", "buffered", "paused"
 ]
+#: A slot's fate in the ledger: it ran (history has its attempts), the store skipped it
+#: (with why), or nobody claimed it (found by a later look).
+SlotFate = Literal["ran", "skipped", "missed"]
+#: Why a slot was skipped: another run in the way, too late to start, its job paused, or a
+#: wall-clock time a daylight-saving gap removed (``dst_gap="skip"``).
+SkipReason = Literal["overlap", "late", "paused", "dst"]
+#: The claim reasons a paused job refuses (a takeover or a retry continues a run that began
+#: before the pause; a manual run is the operator's own).
+PAUSABLE_REASONS = ("scheduled", "catch-up", "backfill")
 WakeupKind = Literal["released", "run-request", "resync"]
 
 #: Every lease store remembers a finished run at least this long, whatever a claim says.
@@ -173,6 +182,11 @@ class ClaimOutcome:
         return cls("buffered", slot=slot, wait_ms=max(int(wait_ms), 1))
 
     @classmethod
+    def paused(cls) -> ClaimOutcome:
+        """The job is paused (by the store's clock): the slot is skipped, and marked so."""
+        return cls("paused")
+
+    @classmethod
     def early(cls, wait_ms: int) -> ClaimOutcome:
         """The slot has not come yet by the store's clock: claim again in ``wait_ms``."""
         return cls("early", wait_ms=max(int(wait_ms), 1))
@@ -269,6 +283,103 @@ class Wakeup:
         if not isinstance(job, str) or not isinstance(scheduler, str):
             return None
         return cls(kind=data["kind"], job=job, scheduler=scheduler)
+
+
+@dataclass(frozen=True)
+class SlotMark:
+    """A slot's fate that history does not show, as a lease store keeps it (the ledger).
+
+    ``skipped``: a claim the store answered ``late``, ``overlap`` or ``paused`` (written in
+    that claim's own atomic step), or a daylight-saving gap (``dst``). ``missed``: slots
+    that nobody claimed, found later; consecutive ones are one mark from ``slot`` to
+    ``last`` (inclusive) holding ``count`` slots of the schedule. A skip has
+    ``last == slot`` and ``count == 1``. ``at`` is the store's clock when it was written,
+    ``by`` the instance that wrote it.
+    """
+
+    slot: int
+    fate: Literal["skipped", "missed"]
+    reason: str
+    at: int
+    by: str
+    last: int
+    count: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PauseState:
+    """A paused job, as the store keeps it; ``until`` (store ms) ends the pause by itself."""
+
+    job: str
+    note: str
+    by: str
+    at: int
+    until: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class LedgerStore(Protocol):
+    """The optional ledger and pause capability of a ``RunStore`` (lease stores).
+
+    Besides these methods, a store that offers them follows three more claim rules, in
+    the claim's own atomic step, for a new run (no run of the slot exists, not early):
+
+    * the job is paused (``until`` is ``None`` or later than the store's now) and the
+      claim's reason is in ``PAUSABLE_REASONS``: answer ``paused`` and write the mark
+      ``skipped``/``paused``;
+    * the reason is ``backfill`` and history holds a non-manual attempt of the slot:
+      answer ``done`` (it ran already);
+    * an answer ``late`` (unless the reason is ``catch-up``: nothing to catch up is not a
+      skip) or ``overlap`` also writes the mark ``skipped`` with that reason.
+
+    A mark is written only where no mark of the job covers the slot (a range covers
+    ``slot..last``); writing one prunes the job's marks to the newest ``history_size``
+    (by slot) and drops those whose ``last`` is older than ``history_ttl_ms``.
+    """
+
+    async def marks(
+        self, job: str, since: int | None, until: int | None, limit: int
+    ) -> list[SlotMark]:
+        """The job's marks that reach into ``since..until`` (inclusive), newest first."""
+        ...
+
+    async def mark_skipped(
+        self, job: str, slot: int, reason: str, instance_id: str,
+        history_size: int, history_ttl_ms: int | None,
+    ) -> bool:
+        """Write a ``skipped`` mark unless a mark covers the slot; ``True`` if written."""
+        ...
+
+    async def mark_missed(
+        self, job: str, ranges: Sequence[tuple[int, int, int]], instance_id: str,
+        history_size: int, history_ttl_ms: int | None,
+    ) -> int:
+        """Write each ``(slot, last, count)`` as a ``missed`` mark unless a mark of the job
+        reaches into ``slot..last``; atomic per call. How many were written."""
+        ...
+
+    async def pause(self, job: str, note: str, by: str, until: int | None) -> PauseState:
+        """Pause the job (again: the new note, who and until replace the old); ``at`` is now."""
+        ...
+
+    async def resume(self, job: str) -> PauseState | None:
+        """Unpause; the pause that was in force (``None``: it was not paused)."""
+        ...
+
+    async def pauses(self, jobs: Sequence[str]) -> dict[str, PauseState]:
+        """The pauses in force now (by the store's clock) among ``jobs``."""
+        ...
+
+    async def job_since(self, jobs: Sequence[tuple[str, str]]) -> list[int]:
+        """For each ``(job, fingerprint)``: since when (store ms) the store has known the
+        job with that schedule fingerprint; a new or changed one is recorded as now."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -498,3 +609,20 @@ def supports_leases(backend: Backend | BaseBackend) -> bool:
 
 def sort_newest_first(records: Sequence[RunRecord]) -> list[RunRecord]:
     return sorted(records, key=lambda rec: (rec.started_at, rec.slot, rec.attempt), reverse=True)
+
+
+def ledger_of(backend: Backend | BaseBackend) -> LedgerStore | None:
+    """The backend's ledger capability (its ``RunStore``, when it offers one), or ``None``."""
+    runs = getattr(backend, "runs", None)
+    return runs if isinstance(runs, LedgerStore) else None
+
+
+def marks_to_keep(
+    marks: Iterable[SlotMark], now: int, history_size: int, history_ttl_ms: int | None
+) -> set[int]:
+    """The slots of the marks a store keeps after a write: the newest ``history_size`` by
+    slot, none whose ``last`` is older than the ttl (for stores that prune in Python)."""
+    newest = sorted(marks, key=lambda m: m.slot, reverse=True)[: max(history_size, 0)]
+    return {
+        m.slot for m in newest if history_ttl_ms is None or m.last >= now - history_ttl_ms
+    }

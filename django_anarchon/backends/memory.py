@@ -16,21 +16,24 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from .base import (
     BUFFER_POLICIES,
     CANCELLED,
+    PAUSABLE_REASONS,
     ActiveRun,
     BaseBackend,
     ClaimInput,
     ClaimOutcome,
     ClaimRecord,
     FinalStatus,
+    PauseState,
     RunClaim,
     RunReason,
     RunRecord,
+    SlotMark,
     StoredResult,
     Wakeup,
     buffer_answer,
@@ -38,6 +41,7 @@ from .base import (
     build_history,
     cancel_reason,
     forget_after_ms,
+    marks_to_keep,
 )
 
 __all__ = ["MemoryBackend", "MemoryRunStore"]
@@ -76,6 +80,12 @@ class _History:
     def __init__(self) -> None:
         self.claims: dict[_RecordKey, ClaimRecord] = {}
         self.results: dict[_RecordKey, StoredResult] = {}
+
+    def ran(self, slot: int) -> bool:
+        """Whether an attempt of ``slot`` (not a manual run) is in history."""
+        return any(k[0] == slot and not k[3] for k in self.claims) or any(
+            k[0] == slot and not k[3] for k in self.results
+        )
 
     def has_manual_slot(self, slot: int) -> bool:
         return any(k[0] == slot and k[3] for k in self.claims) or any(
@@ -117,6 +127,10 @@ class _State:
         self.runs: dict[str, dict[int, _Run]] = {}
         # overlap buffer_*: job -> buffered slot -> held until (store ms).
         self.buffers: dict[str, dict[int, int]] = {}
+        # The ledger: job -> first slot -> mark; job -> pause; job -> (fingerprint, since).
+        self.marks: dict[str, dict[int, SlotMark]] = {}
+        self.pauses: dict[str, PauseState] = {}
+        self.since: dict[str, tuple[str, int]] = {}
 
     def now(self) -> int:
         return int(self.clock())
@@ -192,7 +206,101 @@ class MemoryRunStore:
                 if run.state == "running"
             ]
 
+    # -- the ledger and pauses (LedgerStore) ------------------------------------------
+
+    async def marks(
+        self, job: str, since: int | None, until: int | None, limit: int
+    ) -> list[SlotMark]:
+        with self._state.lock:
+            marks = self._state.marks.get(job, {}).values()
+            hits = [
+                m for m in marks
+                if (since is None or m.last >= since) and (until is None or m.slot <= until)
+            ]
+        return sorted(hits, key=lambda m: m.slot, reverse=True)[: max(limit, 0)]
+
+    async def mark_skipped(
+        self, job: str, slot: int, reason: str, instance_id: str,
+        history_size: int, history_ttl_ms: int | None,
+    ) -> bool:
+        with self._state.lock:
+            return self._mark(
+                job, SlotMark(slot, "skipped", reason, self._state.now(), instance_id, slot),
+                history_size, history_ttl_ms,
+            )
+
+    async def mark_missed(
+        self, job: str, ranges: Sequence[tuple[int, int, int]], instance_id: str,
+        history_size: int, history_ttl_ms: int | None,
+    ) -> int:
+        with self._state.lock:
+            now = self._state.now()
+            return sum(
+                self._mark(
+                    job, SlotMark(slot, "missed", "missed", now, instance_id, last, count),
+                    history_size, history_ttl_ms,
+                )
+                for slot, last, count in ranges
+            )
+
+    async def pause(self, job: str, note: str, by: str, until: int | None) -> PauseState:
+        with self._state.lock:
+            state = PauseState(job=job, note=note, by=by, at=self._state.now(), until=until)
+            self._state.pauses[job] = state
+            return state
+
+    async def resume(self, job: str) -> PauseState | None:
+        with self._state.lock:
+            state = self._paused(job, self._state.now())
+            self._state.pauses.pop(job, None)
+            return state
+
+    async def pauses(self, jobs: Sequence[str]) -> dict[str, PauseState]:
+        with self._state.lock:
+            now = self._state.now()
+            found = {job: self._paused(job, now) for job in jobs}
+        return {job: state for job, state in found.items() if state is not None}
+
+    async def job_since(self, jobs: Sequence[tuple[str, str]]) -> list[int]:
+        with self._state.lock:
+            now = self._state.now()
+            answers = []
+            for job, fingerprint in jobs:
+                known = self._state.since.get(job)
+                if known is None or known[0] != fingerprint:
+                    known = self._state.since[job] = (fingerprint, now)
+                answers.append(known[1])
+            return answers
+
     # -- under the lock -------------------------------------------------------------
+
+    def _paused(self, job: str, now: int) -> PauseState | None:
+        state = self._state.pauses.get(job)
+        if state is not None and state.until is not None and state.until <= now:
+            return None
+        return state
+
+    def _mark(
+        self, job: str, mark: SlotMark, history_size: int, history_ttl_ms: int | None
+    ) -> bool:
+        """Write ``mark`` unless a mark of the job reaches into its slots; prune."""
+        marks = self._state.marks.setdefault(job, {})
+        if any(m.slot <= mark.last and m.last >= mark.slot for m in marks.values()):
+            return False
+        marks[mark.slot] = mark
+        keep = marks_to_keep(marks.values(), mark.at, history_size, history_ttl_ms)
+        for slot in [s for s in marks if s not in keep]:
+            del marks[slot]
+        return True
+
+    def _skip(self, c: RunClaim, reason: str, now: int, outcome: ClaimOutcome) -> ClaimOutcome:
+        """Answer a skip of a new run and mark it in the ledger (same atomic step)."""
+        self._mark(
+            c.job, SlotMark(c.slot, "skipped", reason, now, c.instance_id, c.slot),
+            c.history_size, c.history_ttl_ms,
+        )
+        return outcome
+
 
     def _mine(self, job: str, slot: int, token: str) -> _Run | None:
         run = self._state.runs.get(job, {}).get(slot)
@@ -245,11 +353,17 @@ class MemoryRunStore:
             return ClaimOutcome.none()
         if now < c.slot:
             return ClaimOutcome.early(c.slot - now)
+        if c.reason in PAUSABLE_REASONS and self._paused(c.job, now) is not None:
+            return self._skip(c, "paused", now, ClaimOutcome.paused())
+        if c.reason == "backfill" and state.job_history(c.job).ran(c.slot):
+            return ClaimOutcome.done()
         buffer = self._buffer(c.job, now) if c.overlap in BUFFER_POLICIES else {}
         queued = c.slot in buffer
         # A buffered slot waited for its turn: that wait never makes it late.
         if not queued and c.max_late_ms is not None and now > c.slot + c.max_late_ms:
-            return ClaimOutcome.late(now - c.slot)
+            if c.reason == "catch-up":
+                return ClaimOutcome.late(now - c.slot)
+            return self._skip(c, "late", now, ClaimOutcome.late(now - c.slot))
         self._sweep(c.job, runs, now)
         live = {
             slot: other.lease_until
@@ -259,13 +373,14 @@ class MemoryRunStore:
         busy = max(live) if live else None
         cancelled: int | None = None
         if c.overlap == "skip" and busy is not None:
-            return ClaimOutcome.overlap(busy)
+            return self._skip(c, "overlap", now, ClaimOutcome.overlap(busy))
         if c.overlap in BUFFER_POLICIES:
             answer = buffer_answer(c, live, buffer, now)
             if answer is not None:
                 if answer.kind == "buffered":
                     buffer[c.slot] = now + buffer_hold_ms(c.lease_ms)
-                return answer
+                    return answer
+                return self._skip(c, "overlap", now, answer)
             buffer.pop(c.slot, None)  # its turn: the run starts below
         elif c.overlap == "cancel_other":
             reason = cancel_reason(c.slot, c.instance_id)

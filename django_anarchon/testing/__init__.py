@@ -90,13 +90,25 @@ The suite checks:
   recorded ``interrupted`` by the canceller, never retried); and races of many claimers,
   through separate backends and through one shared object, counting that each buffered
   slot runs once and each cancel happens once;
+* the ledger, on a ``RunStore`` that offers ``LedgerStore`` (skipped otherwise): a claim
+  answered ``late`` or ``overlap`` (a full buffer too) writes one ``skipped`` mark, a
+  catch-up answered ``late`` none; a paused job's new runs are answered ``paused`` and
+  marked, while a run begun before the pause goes on and other jobs are untouched;
+  ``resume``, and a pause ``until`` that ends by the store's clock; a ``backfill`` claim
+  of a slot that history shows ran is ``done``; ``mark_missed`` refuses a range that
+  reaches into another mark; marks are read by ``since``/``until``/``limit`` and pruned
+  like history; ``job_since`` keeps its instant for an unchanged fingerprint; and races
+  of ``ledger_claimers`` (20) for ``ledger_rounds`` (20), through separate backends and
+  one shared object: one mark per late slot, all paused, one backfill winner, no slot
+  covered by two marks;
 * the race through ONE shared backend object (``race_shared_rounds`` rounds): a backend
   must be safe for concurrent use by the coroutines of one loop.
 * wake-ups, when ``wakeups()`` is not ``None``: a hint sent with ``wake()`` by one
   instance reaches another's ``wakeups()`` (skipped for a backend without a push channel).
 
 The suite is a package whose modules follow the contract's parts: ``race``, ``claims``
-(repeat safety), ``history``, ``leases`` and ``overlap``; ``BackendContract`` combines them.
+(repeat safety), ``history``, ``leases``, ``overlap`` and ``ledger``; ``BackendContract``
+combines them.
 
 How the suite behaves, so that it can run against a shared real server:
 
@@ -122,6 +134,8 @@ Tuning, as class attributes:
     The size of the ``claim_many`` races (20 x 20).
 ``race_shared_rounds``
     Rounds of the race through one shared backend object (200).
+``ledger_claimers``, ``ledger_rounds``
+    The ledger races (20 claimers, 20 rounds).
 ``overlap_claimers``, ``overlap_rounds``
     The overlap races (buffer_one, buffer_all, cancel_other): how many claimers (20),
     and how many runs the cancel race chains (10).
@@ -168,6 +182,7 @@ from ._base import AnyBackend, BackendFactory, assert_one_winner_each, count_win
 from .claims import RepeatSafetyTests
 from .history import HistoryTests
 from .leases import LeaseTests
+from .ledger import LedgerTests
 from .overlap import OverlapTests
 from .race import RaceTests, race_in_processes, race_in_threads
 from .wakeups import WakeupTests
@@ -185,7 +200,8 @@ __all__ = [
 
 
 class BackendContract(
-    RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests, OverlapTests, WakeupTests
+    RaceTests, RepeatSafetyTests, HistoryTests, LeaseTests, OverlapTests, LedgerTests,
+    WakeupTests,
 ):
     """The contract every backend must pass; subclass it with a ``make_backend`` fixture.
 
