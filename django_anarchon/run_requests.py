@@ -1,5 +1,8 @@
 """"Run now" requests: filed by the admin as rows, run by a worker of the right scheduler.
 
+The same loop picks up backfill requests (``django_anarchon.backfill``), one at a time per
+scheduler on each worker.
+
 A web request must never run a job itself (it would hold the request open and run on a
 web worker), so the admin files a ``RunRequest`` and every ``anarchon_worker`` polls for
 the unclaimed requests of its schedulers. A conditional UPDATE hands each request to
@@ -157,8 +160,13 @@ async def _wait_any(events: list[asyncio.Event], seconds: float) -> None:
 
 async def _pickup(schedulers: list[Scheduler], poll_s: float, woken: list[asyncio.Event]) -> None:
     # Runs outlive this loop's cancellation: the scheduler's stop() interrupts and records them.
+    from .backfill import claim_backfills, run_backfill
+
     tasks: set[asyncio.Task[None]] = set()
     claim = sync_to_async(claim_requests, thread_sensitive=False)
+    claim_backfill = sync_to_async(claim_backfills, thread_sensitive=False)
+    #: scheduler -> the backfill it runs: one at a time per scheduler and worker.
+    backfills: dict[str, asyncio.Task[None]] = {}
     while True:
         delay = poll_s
         for event in woken:
@@ -178,6 +186,17 @@ async def _pickup(schedulers: list[Scheduler], poll_s: float, woken: list[asynci
                 task = asyncio.create_task(run_request(scheduler, request))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+            going = backfills.get(scheduler.name)
+            if (going is None or going.done()) and scheduler.running:
+                try:
+                    filed = await claim_backfill(scheduler.name, scheduler.instance_id, jobs)
+                except DatabaseError as exc:
+                    logger.warning("cannot read backfill requests (%s)", exc)
+                    filed = []
+                for backfill in filed:
+                    backfills[scheduler.name] = asyncio.create_task(
+                        run_backfill(scheduler, backfill)
+                    )
         if delay == BACKOFF_S:
             await asyncio.sleep(delay)  # the table is missing: a hint would not help
         else:

@@ -600,6 +600,17 @@ class Cron:
                 events.append(DstEvent(kind, change, walls[0], walls[1]))
         return events
 
+    def gap_skips(self, after_ms: int, until_ms: int) -> list[int]:
+        """The transitions in ``(after_ms, until_ms]`` whose gap swallowed matching wall-clock
+        times (``dst_gap="skip"``, or an every-hour expression, as ``preview`` shows them);
+        the ledger marks each as skipped, reason ``dst``."""
+        if self._gap != "skip":
+            return []
+        return [
+            change for change in self._changes_between(after_ms, until_ms, gaps=True)
+            if self._matches_between(*self._gap_walls(change)) is not None
+        ]
+
     def _gap_walls(self, change: int) -> tuple[datetime, datetime]:
         """``[start, end)`` of the wall-clock times skipped by the spring-forward at ``change``."""
         return self._wall(change - 1, self._offset_ms(change - 1)) + _MS, self.wall_of(change)

@@ -22,6 +22,7 @@ __all__ = [
     "run_started",
     "run_succeeded",
     "scheduler_error",
+    "slots_missed",
 ]
 
 run_started = Signal()
@@ -35,5 +36,7 @@ run_buffered = Signal()
 #: overlap "cancel_other": this instance's claim cancelled the run of an earlier slot.
 run_cancelled = Signal()
 scheduler_error = Signal()
+#: The ledger: slots that nobody claimed were found and written as missed.
+slots_missed = Signal()
 #: Each answer of the store to a claim (``event.reason``): what metrics count as claim outcomes.
 run_claimed = Signal()

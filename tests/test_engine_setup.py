@@ -217,10 +217,12 @@ async def test_ten_thousand_idle_jobs_use_one_timer_task() -> None:
     try:
         await asyncio.sleep(0.05)
         # The scheduler's own few tasks, whatever the number of jobs: the timer, the
-        # store's push channel and the store clock's refresh (the spool replay ends).
+        # store's push channel, the store clock's refresh and the ledger's look for missed
+        # slots (the spool replay ends).
         started = {t.get_name() for t in asyncio.all_tasks() - before}
         assert started <= {"anarchon-scheduler default", "anarchon wake-ups scheduler default",
-                           "anarchon store clock", "anarchon spool replay"}, started
+                           "anarchon store clock", "anarchon spool replay",
+                           "anarchon ledger"}, started
         assert len(s.jobs()) == 10_000
     finally:
         await s.stop()

@@ -26,6 +26,7 @@ from ..backends.base import (
     BUFFER_WAIT_CAP_MS,
     ClaimInput,
     ClaimOutcome,
+    OverlapPolicy,
     RunClaim,
     RunReason,
     Wakeup,
@@ -384,6 +385,27 @@ class ClaimFlows:
                 continue
             await self._lease_claim(job, claim, now_ms() + host.lease_ms, outcome)
 
+    async def backfill(self, job: Job, slot: int, overlap: str) -> str | None:
+        """One slot of a backfill request: claimed with reason ``backfill``, run here if won.
+
+        ``overlap="skip"``: it never runs beside another run of its job and waits for that
+        run to end (asking once a second), as a catch-up slot does; ``"allow"``: it runs
+        beside. The kind of the store's answer, or ``None`` if it never answered.
+        """
+        host = self.host
+        policy: OverlapPolicy = "skip" if overlap == "skip" else "allow"
+        claim = replace(self.run_claim(job, slot, "backfill", None), overlap=policy)
+        while True:
+            outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
+            if outcome is None or outcome.kind != "overlap":
+                break
+            if await host.wait_stopping(CATCH_UP_OVERLAP_POLL_S):
+                return None
+        if outcome is None:
+            return None
+        await self._lease_claim(job, claim, now_ms() + host.lease_ms, outcome)
+        return outcome.kind
+
     async def _admit(self, job: Job) -> int:
         """Back-pressure before a claim: the capacity units the claim will hold (0 or 1)."""
         if job.is_async:
@@ -500,6 +522,8 @@ class ClaimFlows:
         if outcome is None:
             if not host.stopping:
                 await host.emit_event("skip", job, claim.slot, reason="late")
+                if claim.reason == "scheduled":
+                    host.ledgers.owe(job, claim.slot)  # the store never heard of it
             return
         buffered = False
         while True:
@@ -589,6 +613,9 @@ class ClaimFlows:
             elif kind == "late":
                 if claim.reason != "catch-up":  # nothing to catch up is not a skip
                     await host.emit_event("skip", job, claim.slot, reason="late")
+                return
+            elif kind == "paused":  # the store marked the slot skipped: the job is paused
+                await host.emit_event("skip", job, claim.slot, reason="paused")
                 return
             else:  # done, none, and kinds this version does not know
                 return

@@ -25,11 +25,11 @@ logger = logging.getLogger("django_anarchon")
 
 EventName = Literal[
     "start", "success", "failure", "interrupted", "skip", "lost", "error", "claim", "buffer",
-    "cancel",
+    "cancel", "missed",
 ]
 EVENTS: tuple[str, ...] = (
     "start", "success", "failure", "interrupted", "skip", "lost", "error", "claim", "buffer",
-    "cancel",
+    "cancel", "missed",
 )
 
 _SIGNALS: dict[str, Signal] = {
@@ -43,6 +43,7 @@ _SIGNALS: dict[str, Signal] = {
     "claim": signals.run_claimed,
     "buffer": signals.run_buffered,
     "cancel": signals.run_cancelled,
+    "missed": signals.slots_missed,
 }
 
 Callback = Callable[["Event"], Any]
@@ -56,6 +57,8 @@ class Event:
     text; ``reason`` why (a skip's ``late``/``overlap``, a run's ``takeover``/``stop``...).
     A ``claim`` event's ``reason`` is the store's answer: ``won``, ``lost`` (a claim-only
     store's no), ``running``, ``done``, ``early``, ``late``, ``overlap``, ``buffered``, or ``error``.
+    ``missed``: slots nobody claimed were written to the ledger, from ``slot`` on (``reason``
+    says how many, to when); a ``skip``'s reason ``paused``: the job is paused.
     ``buffer``: the slot waits in the store for the run of another slot (``reason`` says
     which); ``cancel``: ``slot`` is the run this instance's claim cancelled.
     """

@@ -52,6 +52,8 @@ from .calls import error_text
 from .claims import ClaimFlows, new_token
 from .clock import REFRESH_S, StoreClock
 from .events import Callback, Event, EventName, EventRegistry
+from .ledger import LedgerKeeper
+from .operations import OperatorMixin
 from .owed import STOP_BOUND_MS, STOP_NOW_BOUND_MS, OwedRecords
 from .pool import DaemonThreadPool
 from .runner import UNSET, Attempt, Runner
@@ -122,7 +124,7 @@ def default_instance_id() -> str:
     return f"{socket.gethostname()[:200]}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-class Scheduler:
+class Scheduler(OperatorMixin):
     """Runs its jobs on every instance, each slot exactly once across instances.
 
     ``backend`` is shared by every instance; ``lease``/``heartbeat`` matter on lease
@@ -199,6 +201,8 @@ class Scheduler:
         self._listener: WakeListener | None = None
         #: The hooks that trace attempts and store calls (``contrib.otel.instrument()``).
         self.tracing: Tracing = NO_TRACING
+        #: The ledger's looks for missed slots, and the slots owed to it (engine/ledger.py).
+        self.ledgers = LedgerKeeper(self)
 
     # -- configuration helpers ------------------------------------------------------
 
@@ -459,6 +463,13 @@ class Scheduler:
     def get_job(self, name: str) -> Job:
         return self._state(name).job
 
+    def registered_jobs(self) -> list[Job]:
+        return [state.job for state in self._jobs.values()]
+
+    @property
+    def claim_flows(self) -> ClaimFlows:
+        return self._claims
+
     def _state(self, name: str) -> _JobState:
         state = self._jobs.get(name)
         if state is None:
@@ -549,6 +560,8 @@ class Scheduler:
             self._arm(state, now, initial=True)
             self._claims.catch_up(state.job, now, state.next_slot)
         self._timer.start()
+        if self.ledgers.store is not None:
+            self.spawn(self.ledgers.keep(), "ledger")
         logger.info(
             "scheduler %s started: instance %s, backend %s, %s job(s)",
             self.name,

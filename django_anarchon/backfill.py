@@ -1,0 +1,130 @@
+"""Backfill requests: filed by a command or the admin as rows, run by the workers.
+
+Like "Run now" (``run_requests``), a backfill never runs in the command or the web
+request that asked for it. ``Scheduler.abackfill`` works out the slots of the range that
+never ran and files one ``BackfillRequest``; every ``anarchon_worker`` of the scheduler
+looks for open requests beside its run requests. A conditional UPDATE hands a request to
+one worker, which runs its slots one at a time, oldest first, each through the normal
+lease claim with reason ``backfill``: the store answers ``done`` for a slot that ran
+meanwhile (another backfill of the same range, or a catch-up), so each slot runs once
+however many requests name it. The worker notes its progress (``done``, ``claimed_at``)
+after each slot; a request whose note is older than ``ABANDONED_AFTER_S`` belongs to a
+worker that died, and another one goes on from its progress.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections, router, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from .logtime import iso
+from .run_requests import ABANDONED_AFTER_S, wake_workers
+
+if TYPE_CHECKING:
+    from .engine import Scheduler
+    from .models import BackfillRequest
+
+__all__ = ["claim_backfills", "file_backfill", "run_backfill"]
+
+logger = logging.getLogger("django_anarchon")
+
+
+def _file(
+    scheduler: str, job: str, start: int, end: int, slots: list[int], overlap: str, by: str
+) -> int:
+    from .models import BackfillRequest
+
+    request = BackfillRequest.objects.create(
+        scheduler=scheduler, job=job, start_ms=start, end_ms=end, slots=slots,
+        overlap=overlap, requested_by=by,
+    )
+    transaction.on_commit(
+        lambda: wake_workers(scheduler, job), using=router.db_for_write(BackfillRequest)
+    )
+    return int(request.pk)
+
+
+async def file_backfill(
+    scheduler: str, job: str, start: int, end: int, slots: list[int], overlap: str, by: str
+) -> int:
+    """File the request (the database of the ``BackfillRequest`` model); its id."""
+    return await sync_to_async(_file, thread_sensitive=False)(
+        scheduler, job, start, end, slots, overlap, by
+    )
+
+
+def _open(jobs: Collection[str]) -> Q:
+    stale = Now() - timedelta(seconds=ABANDONED_AFTER_S)
+    return (
+        Q(finished_at__isnull=True)
+        & (Q(claimed_at__isnull=True) | Q(claimed_at__lt=stale))
+        & Q(job__in=list(jobs))
+    )
+
+
+def claim_backfills(
+    scheduler: str, instance_id: str, jobs: Collection[str], limit: int = 1
+) -> list[BackfillRequest]:
+    """The open backfill requests of ``scheduler`` for ``jobs`` that this instance won."""
+    from .models import BackfillRequest
+
+    close_old_connections()
+    won = []
+    pending = BackfillRequest.objects.filter(_open(jobs), scheduler=scheduler)
+    for request in pending.order_by("requested_at")[:limit]:
+        updated = BackfillRequest.objects.filter(_open(jobs), pk=request.pk).update(
+            claimed_by=instance_id, claimed_at=Now()
+        )
+        if updated:
+            request.refresh_from_db()
+            won.append(request)
+    return won
+
+
+def _progress(request_id: int, done: int, finished: bool) -> None:
+    from .models import BackfillRequest
+
+    values = {"done": done, "claimed_at": Now()}
+    if finished:
+        values["finished_at"] = Now()
+    BackfillRequest.objects.filter(pk=request_id, done__lte=done).update(**values)
+
+
+async def run_backfill(scheduler: Scheduler, request: BackfillRequest) -> None:
+    """Run a won request's slots from its progress on; errors are logged, never raised."""
+    progress = sync_to_async(_progress, thread_sensitive=False)
+    slots = [int(slot) for slot in request.slots]
+    logger.info(
+        "backfill request %s: job=%s, %s slot(s) from %s, requested_by=%s",
+        request.pk, request.job, len(slots) - request.done,
+        iso(slots[request.done]) if request.done < len(slots) else "-",
+        request.requested_by or "?",
+    )
+    try:
+        job = scheduler.get_job(request.job)
+        done = request.done
+        for slot in slots[request.done :]:
+            if scheduler.stopping:
+                return  # the progress stays: another worker goes on after the stop
+            outcome = await scheduler.claim_flows.backfill(job, slot, request.overlap)
+            if outcome == "paused":
+                logger.warning(
+                    "backfill request %s: job %s is paused; %s slot(s) left undone",
+                    request.pk, job.name, len(slots) - done,
+                )
+                await progress(request.pk, done, True)
+                return
+            if outcome is None:
+                return  # the store did not answer: the request is taken up again later
+            done += 1
+            await progress(request.pk, done, False)
+        await progress(request.pk, done, True)
+    except Exception:
+        logger.exception("backfill request %s for job %s failed", request.pk, request.job)

@@ -1,0 +1,306 @@
+"""The slot ledger, pauses and backfill through the scheduler, on the memory store,
+PostgreSQL and Redis (``backend_pair``: two backend objects on one store).
+
+Each ledger test walks the schedule from the first to the last slot it looks at and
+checks that every slot has exactly one entry: ran, skipped with why, or missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from django_anarchon import ConfigurationError
+from django_anarchon.backends.base import RunClaim, RunRecord, SlotMark, ms_to_datetime
+from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.engine import JobContext, Scheduler
+from django_anarchon.engine import ledger as ledger_module
+from django_anarchon.engine.ledger import LedgerEntry, merge
+
+from .test_catch_up import backend_pair, store_pair  # noqa: F401  (fixtures)
+from .test_engine_support import Calls, ClaimOnlyMemoryBackend, real_ms, stop_all, wait_for
+
+
+def _job(label: str) -> str:
+    return f"ledger-{label}-{uuid.uuid4().hex[:8]}"
+
+
+def _recorder(calls: Calls, seconds: float = 0.0) -> Any:
+    def handler(ctx: JobContext) -> None:
+        calls.add(slot=ctx.slot, reason=ctx.reason, by=ctx.instance_id, at=real_ms())
+        time.sleep(seconds)
+
+    return handler
+
+
+def _fates_by_slot(s: Scheduler, name: str, entries: list[LedgerEntry]) -> dict[int, str]:
+    """Each slot between the oldest and newest entry with its one fate (fails on two)."""
+    job = s.get_job(name)
+    low, high = min(e.slot for e in entries), max(e.last_slot for e in entries)
+    fates: dict[int, list[str]] = {}
+    for entry in entries:
+        slot = entry.slot
+        for _ in range(entry.count):
+            fates.setdefault(slot, []).append(f"{entry.fate}:{entry.reason}")
+            nxt = job.schedule.next_after(slot)
+            assert nxt is not None
+            slot = nxt
+    walked = []
+    slot = low
+    while slot <= high:
+        walked.append(slot)
+        nxt = job.schedule.next_after(slot)
+        assert nxt is not None
+        slot = nxt
+    missing = [ms_to_datetime(x).isoformat() for x in walked if x not in fates]
+    assert not missing, f"slots without an entry: {missing}"
+    twice = {x: f for x, f in fates.items() if len(f) != 1}
+    assert not twice, f"slots with two entries: {twice}"
+    return {x: f[0] for x, f in fates.items()}
+
+
+# -- the ledger through a scheduler --------------------------------------------------------
+
+
+async def test_slots_that_ran_or_were_skipped_have_one_entry_each(
+    store_pair: tuple[Any, Any],  # noqa: F811
+) -> None:
+    backend, _ = store_pair
+    calls = Calls()
+    name = _job("overlap")
+    s = Scheduler(backend, instance_id="A", lease="2s")
+    # Each run takes 1.3 s: the next slot finds it running (skipped), the one after runs.
+    s.every(name, "1s", _recorder(calls, 1.3), max_late="300ms")
+    await s.start()
+    try:
+        await wait_for(lambda: len(calls.items) >= 3, 15, "three runs")
+    finally:
+        await stop_all(s)
+    entries = await s.aledger(name)
+    fates = _fates_by_slot(s, name, entries)
+    ran = {c["slot"] for c in calls.items}
+    assert {slot for slot, fate in fates.items() if fate.startswith("ran")} == ran, fates
+    skipped = [fate for fate in fates.values() if fate.startswith("skipped")]
+    assert skipped and set(skipped) == {"skipped:overlap"}, fates
+    runs = [e for e in entries if e.fate == "ran"]
+    assert all(e.status == "success" and len(e.attempts) == 1 for e in runs), runs
+    assert all(e.reason == "scheduled" and e.by == "A" for e in runs), runs
+
+
+async def test_a_pause_holds_every_instance_at_once_and_resume_lets_them_go(
+    store_pair: tuple[Any, Any],  # noqa: F811
+) -> None:
+    one, two = store_pair
+    calls = Calls()
+    name = _job("pause")
+    schedulers = [Scheduler(b, instance_id=i, lease="2s") for b, i in ((one, "A"), (two, "B"))]
+    for s in schedulers:
+        s.every(name, "200ms", _recorder(calls), max_late="150ms")
+        await s.start()
+    try:
+        await wait_for(lambda: len(calls.items) >= 2, 10, "runs before the pause")
+        state = await schedulers[1].apause(name, note="deploy", until="1h", by="ops")
+        assert (state.note, state.by) == ("deploy", "ops")
+        assert state.until is not None and state.until - state.at == 3_600_000
+        assert set(await schedulers[0].apauses()) == {name}
+        await asyncio.sleep(1.5)  # seven slots fall due while paused
+        paused_calls = [c for c in calls.items if c["slot"] > state.at]
+        assert not paused_calls, f"slots after the pause ran: {paused_calls}"
+        resumed = await schedulers[0].aresume(name)
+        assert resumed is not None and resumed.note == "deploy"
+        assert await schedulers[1].apauses() == {}
+        back = real_ms()
+        await wait_for(lambda: any(c["slot"] > back for c in calls.items), 10, "a run after")
+    finally:
+        await stop_all(*schedulers)
+    entries = await schedulers[0].aledger(name)
+    paused = [e for e in entries if e.reason == "paused"]
+    assert len(paused) >= 5, entries
+    assert all(state.at < e.slot < back + 200 for e in paused), paused
+    fates = _fates_by_slot(schedulers[0], name, [e for e in entries if e.slot > state.at])
+    assert "skipped:paused" in fates.values()
+
+
+async def test_slots_nobody_claimed_are_found_missed_by_the_first_instance_back(
+    store_pair: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    monkeypatch.setattr(ledger_module, "FIRST_LOOK_DELAY_S", 0.1)
+    one, two = store_pair
+    calls = Calls()
+    name = _job("missed")
+    first = Scheduler(one, instance_id="A", lease="1s")
+    first.every(name, "1s", _recorder(calls), max_late="200ms")
+    await first.start()
+    try:
+        await wait_for(lambda: len(calls.items) >= 2, 10, "two runs")
+    finally:
+        await stop_all(first)
+    await asyncio.sleep(3.5)  # nobody is up for three slots or so
+    second = Scheduler(two, instance_id="B", lease="1s")
+    second.every(name, "1s", _recorder(calls), max_late="200ms")
+    missed: list[Any] = []
+    second.on("missed", missed.append)
+    await second.start()
+    try:
+        await wait_for(lambda: missed, 15, "the missed slots")
+        await wait_for(lambda: any(c["by"] == "B" for c in calls.items), 10, "B runs")
+        # The second look, once the start's slots are out of reach, covers them too.
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                _fates_by_slot(second, name, await second.aledger(name))
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+    finally:
+        await stop_all(second)
+    entries = await second.aledger(name)
+    gaps = [e for e in entries if e.fate == "missed"]
+    assert 1 <= len(gaps) <= 2 and sum(g.count for g in gaps) >= 3, entries
+    assert gaps[0].by == "B" and gaps[0].reason == "missed"
+    fates = _fates_by_slot(second, name, entries)
+    # (A claim slowed by a loaded machine may be skipped late, and says so.)
+    assert {"ran:scheduled", "missed:missed"} <= set(fates.values()) <= {
+        "ran:scheduled", "missed:missed", "skipped:late"
+    }, fates
+    # A second look finds nothing more to write.
+    jobs = second.registered_jobs()
+    assert await second.ledgers.look_back(jobs, await second.ledgers.since(jobs)) == 0
+
+
+async def test_a_worker_ahead_marks_nothing_that_ran_or_is_still_to_come(skew: Any) -> None:
+    """5 s ahead of the store: the look back judges "long enough ago" by the store's clock."""
+    skew(5_000)
+    backend = MemoryBackend(clock=real_ms)
+    calls = Calls()
+    s = Scheduler(backend, instance_id="ahead", lease="1s")
+    s.every("ahead.report", "1s", _recorder(calls), max_late="200ms")
+    await s.start()
+    try:
+        since = await s.ledgers.since(s.registered_jobs())
+        await wait_for(lambda: len(calls.items) >= 3, 10, "three runs")
+        assert await s.ledgers.look_back(s.registered_jobs(), since) == 0
+    finally:
+        await stop_all(s)
+    marks = await backend.runs.marks("ahead.report", None, None, 100)
+    assert marks == [], marks
+
+
+def test_merge_splits_a_missed_range_around_a_later_run() -> None:
+    s = Scheduler(MemoryBackend())
+    s.every("j", "1s", _recorder(Calls()))
+    job = s.get_job("j")
+    base = 1_800_000_000_000
+    mark = SlotMark(base, "missed", "missed", base + 10_000, "B", base + 4000, 5)
+    run = RunRecord(
+        job="j", slot=base + 2000, scheduled_at=ms_to_datetime(base + 2000), instance_id="C",
+        manual=False, attempt=1, reason="backfill", status="success",
+        started_at=ms_to_datetime(base + 20_000),
+    )
+    entries = merge(job, [run], [mark])
+    assert [(e.slot, e.fate, e.last_slot, e.count) for e in entries] == [
+        (base + 3000, "missed", base + 4000, 2),
+        (base + 2000, "ran", base + 2000, 1),
+        (base, "missed", base + 1000, 2),
+    ], entries
+    assert entries[1].reason == "backfill"
+    # A skip of a slot that ran is not shown: the run is its fate.
+    skip = SlotMark(base + 2000, "skipped", "overlap", base, "A", base + 2000)
+    assert [e.fate for e in merge(job, [run], [skip])] == ["ran"]
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+async def test_pause_and_backfill_are_refused_where_they_cannot_work() -> None:
+    claim_only = Scheduler(ClaimOnlyMemoryBackend())
+    claim_only.every("j", "1m", _recorder(Calls()))
+    with pytest.raises(ConfigurationError, match="needs a store with leases"):
+        await claim_only.apause("j")
+    assert await claim_only.apauses() == {}
+    s = Scheduler(MemoryBackend())
+    s.every("j", "1m", _recorder(Calls()))
+    now = ms_to_datetime(real_ms())
+    with pytest.raises(ConfigurationError, match="'until'.*not in the future"):
+        await s.apause("j", until=now - timedelta(minutes=1))
+    with pytest.raises(ConfigurationError, match="'until'"):
+        await s.apause("j", until="soon")
+    with pytest.raises(ConfigurationError, match="give the datetime a time zone"):
+        await s.apause("j", until=now.replace(tzinfo=None) + timedelta(hours=1))
+    with pytest.raises(ConfigurationError, match="the range ends in the future"):
+        await s.abackfill("j", now - timedelta(hours=1), now + timedelta(hours=1))
+    with pytest.raises(ConfigurationError, match="before it starts"):
+        await s.abackfill("j", now - timedelta(hours=1), now - timedelta(hours=2))
+    with pytest.raises(ConfigurationError, match="'max'.*more than max=10"):
+        await s.abackfill("j", now - timedelta(hours=1), now, max=10)
+    with pytest.raises(ConfigurationError, match="'overlap'"):
+        await s.abackfill("j", now - timedelta(hours=1), now, overlap="cancel_other")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="'max'"):
+        await s.abackfill("j", now - timedelta(hours=1), now, max=0)
+    await s.apause("j")
+    with pytest.raises(ConfigurationError, match="is paused"):
+        await s.abackfill("j", now - timedelta(hours=1), now)
+
+
+async def test_a_dry_run_lists_the_slots_that_never_ran() -> None:
+    backend = MemoryBackend()
+    s = Scheduler(backend)
+    s.every("j", "1m", _recorder(Calls()))
+    now = real_ms()
+    end = now - now % 60_000
+    start = end - 4 * 60_000
+    # One slot of the range ran (history has it): the backfill leaves it out.
+    assert (await backend.runs.claim(RunClaim("j", start + 60_000, "t", "old"))).kind == "won"
+    plan = await s.abackfill("j", ms_to_datetime(start), ms_to_datetime(end), dry_run=True)
+    assert plan.slots == (start, start + 120_000, start + 180_000, end), plan
+    assert plan.already_ran == 1 and plan.request_id is None
+
+
+# -- backfill requests on workers ------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_two_backfills_of_one_range_run_each_slot_once() -> None:
+    from django_anarchon.backfill import claim_backfills, run_backfill
+    from django_anarchon.models import BackfillRequest
+
+    backend = MemoryBackend()
+    calls = Calls()
+    schedulers = [Scheduler(backend, instance_id=i, lease="2s") for i in ("A", "B")]
+    for s in schedulers:
+        s.every("bf.report", "1m", _recorder(calls, 0.05), max_late="1s")
+    now = real_ms()
+    end = now - now % 60_000 - 60_000
+    start = end - 5 * 60_000
+    plans = [
+        await s.abackfill("bf.report", ms_to_datetime(start), ms_to_datetime(end),
+                          requested_by=f"op-{s.instance_id}")
+        for s in schedulers
+    ]
+    assert all(len(p.slots) == 6 and p.request_id is not None for p in plans), plans
+    for s in schedulers:
+        await s.start()
+    try:
+        won = [
+            await sync_to_async(claim_backfills)("default", s.instance_id, ["bf.report"])
+            for s in schedulers
+        ]
+        assert [len(w) for w in won] == [1, 1], won
+        await asyncio.gather(*(run_backfill(s, w[0]) for s, w in zip(schedulers, won, strict=True)))
+    finally:
+        await stop_all(*schedulers)
+    slots = sorted(c["slot"] for c in calls.items)
+    assert slots == list(plans[0].slots), slots
+    assert {c["reason"] for c in calls.items} == {"backfill"}
+    rows = await sync_to_async(list)(BackfillRequest.objects.values_list("done", "finished_at"))
+    assert all(done == 6 and finished is not None for done, finished in rows), rows
+    history = await schedulers[0].ahistory("bf.report", 100)
+    assert sorted(r.slot for r in history) == slots and {r.reason for r in history} == {"backfill"}
