@@ -229,7 +229,7 @@ async def test_pause_and_backfill_are_refused_where_they_cannot_work() -> None:
     s = Scheduler(MemoryBackend())
     s.every("j", "1m", _recorder(Calls()))
     now = ms_to_datetime(real_ms())
-    with pytest.raises(ConfigurationError, match="'until'.*not in the future"):
+    with pytest.raises(ConfigurationError, match=r"'until'.*not in the future"):
         await s.apause("j", until=now - timedelta(minutes=1))
     with pytest.raises(ConfigurationError, match="'until'"):
         await s.apause("j", until="soon")
@@ -239,7 +239,7 @@ async def test_pause_and_backfill_are_refused_where_they_cannot_work() -> None:
         await s.abackfill("j", now - timedelta(hours=1), now + timedelta(hours=1))
     with pytest.raises(ConfigurationError, match="before it starts"):
         await s.abackfill("j", now - timedelta(hours=1), now - timedelta(hours=2))
-    with pytest.raises(ConfigurationError, match="'max'.*more than max=10"):
+    with pytest.raises(ConfigurationError, match=r"'max'.*more than max=10"):
         await s.abackfill("j", now - timedelta(hours=1), now, max=10)
     with pytest.raises(ConfigurationError, match="'overlap'"):
         await s.abackfill("j", now - timedelta(hours=1), now, overlap="cancel_other")  # type: ignore[arg-type]
