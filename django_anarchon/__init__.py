@@ -18,9 +18,12 @@ from .backends.base import (
     ClaimRecord,
     JobInfo,
     JobLimits,
+    LedgerStore,
+    PauseState,
     RunClaim,
     RunRecord,
     RunStore,
+    SlotMark,
     StoredResult,
     Wakeup,
     build_history,
@@ -37,7 +40,7 @@ from .exceptions import (
 from .registry import at, cron, every, scheduled
 
 if TYPE_CHECKING:
-    from .engine import AbortSignal, JobContext, Scheduler
+    from .engine import AbortSignal, BackfillPlan, JobContext, LedgerEntry, Scheduler
     from .handler import get_scheduler, schedulers
 
 # The engine and the settings handler load on first use: importing the package stays cheap.
@@ -45,6 +48,8 @@ _LAZY = {
     "Scheduler": "django_anarchon.engine",
     "JobContext": "django_anarchon.engine",
     "AbortSignal": "django_anarchon.engine",
+    "BackfillPlan": "django_anarchon.engine",
+    "LedgerEntry": "django_anarchon.engine",
     "schedulers": "django_anarchon.handler",
     "get_scheduler": "django_anarchon.handler",
 }
@@ -63,6 +68,7 @@ __all__ = [
     "ActiveRun",
     "AnarchonError",
     "Backend",
+    "BackfillPlan",
     "BaseBackend",
     "ClaimInput",
     "ClaimOutcome",
@@ -73,10 +79,14 @@ __all__ = [
     "JobInfo",
     "JobLimits",
     "JobTimeoutError",
+    "LedgerEntry",
+    "LedgerStore",
+    "PauseState",
     "RunClaim",
     "RunRecord",
     "RunStore",
     "Scheduler",
+    "SlotMark",
     "StoredResult",
     "UnknownJobError",
     "UnknownSchedulerError",

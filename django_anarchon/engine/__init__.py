@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from .context import JobContext
 from .events import Event
+from .ledger import LedgerEntry
+from .operations import BackfillPlan
 from .scheduler import Scheduler
 from .signal import AbortSignal
 
-__all__ = ["AbortSignal", "Event", "JobContext", "Scheduler"]
+__all__ = ["AbortSignal", "BackfillPlan", "Event", "JobContext", "LedgerEntry", "Scheduler"]
