@@ -262,6 +262,59 @@ def test_the_previous_release_reads_a_cancelled_run_as_done(
     run(make, body)
 
 
+# -- the ledger's keys (marks, pause) beside the previous release ---------------------------
+
+
+def test_the_previous_release_works_beside_the_ledger_keys(
+    make: Callable[[], RedisProtocolBackend],
+) -> None:
+    """It never reads ``m``, ``mi``, ``p``: it runs a paused job's slots and marks nothing
+    (the documented cost of a deploy), and this release's rules hold on the same keys."""
+
+    async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
+        job = "app.ledger-mixed"
+        s1 = await server_ms(backend) - 60_000
+        assert (await runs.claim(claim(job, s1, "a", max_late_ms=1000))).kind == "late"
+        await runs.pause(job, "deploy", "ops", None)
+        assert await runs.claim(claim(job, s1 + 1_000, "b")) == ClaimOutcome.paused()
+        marks = [(m.slot, m.reason) for m in await runs.marks(job, None, None, 10)]
+        assert marks == [(s1 + 1_000, "paused"), (s1, "late")]
+        # The previous release: late without a mark, and a paused job's new slot won.
+        assert (await previous_claim(runs, claim(job, s1 + 2_000, "p", max_late_ms=1000))).kind == (
+            "late"
+        )
+        assert await previous_claim(runs, claim(job, s1 + 3_000, "p")) == ClaimOutcome.won(1)
+        assert await previous_finish(runs, job, s1 + 3_000, "p", "success")
+        assert [(m.slot, m.reason) for m in await runs.marks(job, None, None, 10)] == marks
+        # This release on the slot the previous one ran: done; on a new slot: paused.
+        assert await runs.claim(claim(job, s1 + 3_000, "c")) == ClaimOutcome.done()
+        assert await runs.claim(claim(job, s1 + 4_000, "c")) == ClaimOutcome.paused()
+        assert await runs.resume(job) is not None
+        assert await runs.claim(claim(job, s1 + 5_000, "d")) == ClaimOutcome.won(1)
+
+    run(make, body)
+
+
+def test_a_backfill_sees_the_history_the_previous_release_wrote(
+    make: Callable[[], RedisProtocolBackend],
+) -> None:
+    """The ran-check reads history itself, so a slot the previous release ran (before the
+    upgrade or during the deploy) is never run again once its run hash has expired."""
+
+    async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
+        job = "app.ledger-backfill-v1"
+        s1 = await server_ms(backend) - 60_000
+        assert await previous_claim(runs, claim(job, s1, "p")) == ClaimOutcome.won(1)
+        assert await previous_finish(runs, job, s1, "p", "success")
+        await backend.client().delete(f"{backend.job_key(job)}:r:{s1}")  # as its expiry would
+        assert await runs.claim(claim(job, s1, "a", reason="backfill")) == ClaimOutcome.done()
+        assert await runs.claim(claim(job, s1 + 1_000, "a", reason="backfill")) == (
+            ClaimOutcome.won(1)
+        )
+
+    run(make, body)
+
+
 # The previous release's scripts (format 1), verbatim.
 _PREVIOUS_PRELUDE = r"""
 local function now_ms()

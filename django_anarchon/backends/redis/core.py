@@ -45,6 +45,7 @@ from ..base import (
     cancel_reason,
 )
 from . import scripts, wake
+from .ledger import LedgerCalls
 from .ordering import SlotOrder
 from .scripts import Script
 from .strategies import IDMP_MIN_VERSION, STRATEGY_NAMES, StrategyName, parse_strategy
@@ -552,9 +553,10 @@ def _claim_record(data: dict[str, Any]) -> ClaimRecord:
     )
 
 
-class RedisRunStore:
+class RedisRunStore(LedgerCalls):
     """The lease rules (SPEC sections 5 and 9) in Lua: each call is one script, on the
-    server's clock, so retention, the early answer and the sweep agree across instances."""
+    server's clock, so retention, the early answer and the sweep agree across instances.
+    With the ledger and pauses (``LedgerStore``, ``ledger.py``)."""
 
     def __init__(self, backend: RedisProtocolBackend) -> None:
         self._backend = backend
@@ -566,7 +568,7 @@ class RedisRunStore:
         base = self._backend.job_key(c.job)
         keys = [
             f"{base}:r:{c.slot}", f"{base}:active", *self._backend.history_keys(c.job),
-            f"{base}:b",
+            f"{base}:b", f"{base}:m", f"{base}:mi", f"{base}:p",
         ]
         args: list[Any] = [
             c.slot, c.token, c.instance_id, c.mode, c.reason, c.lease_ms, c.overlap,
@@ -632,4 +634,6 @@ def _outcome(reply: Any) -> ClaimOutcome:
         return ClaimOutcome.early(number)
     if kind == "none":
         return ClaimOutcome.none()
+    if kind == "paused":
+        return ClaimOutcome.paused()
     return ClaimOutcome.done()

@@ -30,12 +30,23 @@ Stored formats (``v`` in every record; a later release keeps reading the older o
   field ``<slot:015>:<attempt:05>:<manual 0|1>:<instance>``; ``hs``/``he`` sorted sets
   of those fields by start and end time (pruning, newest first); ``hm`` hash of manual
   slots to the token that recorded them.
+* ``<p>:{<job>}:m``         hash, the job's ledger marks (format 1): field the mark's first
+  slot, value JSON ``v slot fate reason at by last count``; ``mi`` sorted set of those
+  first slots, scored by the slot. Marks never overlap. Written by the claim that
+  answers ``late``, ``overlap`` or ``paused`` and by ``mark_skipped``/``mark_missed``.
+* ``<p>:{<job>}:p``         hash, the job's pause (format 1): ``v note by at until``
+  (``until`` empty: until resumed); expires at ``until``.
+* ``<p>:{<job>}:since``     hash, format 1: ``v fingerprint since`` (``job_since``).
+
+The previous release never reads the ledger's keys (``m``, ``mi``, ``p``, ``since``).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+
+from ..base import PAUSABLE_REASONS
 
 __all__ = [
     "ACTIVE",
@@ -44,6 +55,7 @@ __all__ = [
     "HEARTBEAT",
     "HISTORY",
     "IDMP_CLAIM",
+    "LEDGER_FORMAT",
     "MANUAL",
     "NOW",
     "RELEASE",
@@ -70,6 +82,8 @@ class Script:
 
 #: The format this release writes run hashes in (``v``): 2 added ``max_attempts``.
 RUN_FORMAT = 2
+#: The format of the ledger's records: marks (JSON), the pause and since hashes.
+LEDGER_FORMAT = 1
 
 # Helpers shared by every script. History keys always come as KEYS[h]..KEYS[h+4]:
 # hc, hr, hs, he, hm. ``hist_*`` functions take that index.
@@ -139,11 +153,97 @@ local function hist_claim(h, slot, by, at, attempt, manual, reason, token)
     redis.call('HSET', KEYS[h + 4], tostring(slot), token)
   end
 end
+
+-- Whether history holds an attempt of ``slot`` that is not a manual run: a record field
+-- that starts with the slot and says manual 0. ``hs`` holds every field of ``hc`` and
+-- ``hr``, whichever release wrote it, so the scan is never wrong about older records.
+local function hist_ran(h, slot)
+  local pattern = string.format('%015d', slot) .. ':?????:0:*'
+  local cursor = '0'
+  repeat
+    local page = redis.call('ZSCAN', KEYS[h + 2], cursor, 'MATCH', pattern, 'COUNT', 1000)
+    if #page[2] > 0 then return true end
+    cursor = page[1]
+  until cursor == '0'
+  return false
+end
 """
 
 
-def _script(name: str, body: str) -> Script:
-    return Script(name, _PRELUDE + body)
+# The ledger's marks (scripts that write them add this to the prelude): hash ``m`` maps a
+# mark's first slot to its JSON, sorted set ``mi`` holds the first slots scored by slot.
+# Marks never overlap (each is written only where none reaches into its slots), so they
+# are in the same order by first and by last slot: the one mark that may reach into
+# first..last is the one with the greatest first slot <= last, and the marks that ended
+# before a cutoff are the oldest ones.
+_MARKS = f"local LEDGER_FORMAT = {LEDGER_FORMAT}\n" + r"""
+local function mark_last(m, s)
+  local raw = redis.call('HGET', m, s)
+  if not raw then return nil end
+  return tonumber(cjson.decode(raw).last)
+end
+
+local function mark_drop(m, mi, s)
+  redis.call('HDEL', m, s)
+  redis.call('ZREM', mi, s)
+end
+
+-- Whether a mark of the job reaches into first..last.
+local function mark_covers(m, mi, first, last)
+  while true do
+    local near = redis.call('ZREVRANGEBYSCORE', mi, last, '-inf', 'LIMIT', 0, 1)
+    if #near == 0 then return false end
+    local near_last = mark_last(m, near[1])
+    if near_last then return near_last >= first end
+    redis.call('ZREM', mi, near[1])  -- an index entry without its mark: drop it, look again
+  end
+end
+
+-- Keep the newest ``size`` marks by slot, none whose last slot is older than ``ttl``.
+local function mark_prune(m, mi, size, ttl, now)
+  local n = redis.call('ZCARD', mi)
+  local over = n - math.max(size, 0)
+  if over > 0 then
+    for _, s in ipairs(redis.call('ZRANGE', mi, 0, over - 1)) do redis.call('HDEL', m, s) end
+    redis.call('ZREMRANGEBYRANK', mi, 0, over - 1)
+  end
+  if ttl == '' then
+    redis.call('PERSIST', m)
+    redis.call('PERSIST', mi)
+    return
+  end
+  local ttl_ms = tonumber(ttl)
+  local cutoff = now - ttl_ms
+  for _, s in ipairs(redis.call('ZRANGEBYSCORE', mi, '-inf', '(' .. cutoff)) do
+    local last = mark_last(m, s)
+    if last and last >= cutoff then break end
+    mark_drop(m, mi, s)
+  end
+  -- Nothing kept outlives its last slot + ttl: let Redis drop the marks of an idle job.
+  local newest = redis.call('ZREVRANGE', mi, 0, 0)
+  if #newest > 0 then
+    local at = math.max(now, mark_last(m, newest[1]) or now) + ttl_ms + 1000
+    redis.call('PEXPIREAT', m, at)
+    redis.call('PEXPIREAT', mi, at)
+  end
+end
+
+-- Write a mark unless one reaches into its slots, then prune; 1 if written.
+local function mark_write(m, mi, first, last, count, fate, reason, by, now, size, ttl)
+  if mark_covers(m, mi, first, last) then return 0 end
+  local s = string.format('%d', first)
+  local rec = {v = LEDGER_FORMAT, slot = first, fate = fate, reason = reason, at = now,
+               by = by, last = last, count = count}
+  redis.call('HSET', m, s, cjson.encode(rec))
+  redis.call('ZADD', mi, first, s)
+  mark_prune(m, mi, size, ttl, now)
+  return 1
+end
+"""
+
+
+def _script(name: str, body: str, *, marks: bool = False) -> Script:
+    return Script(name, _PRELUDE + (_MARKS if marks else "") + body)
 
 
 # claim() of the lease and script strategies: one key per slot, set only if absent.
@@ -308,16 +408,22 @@ return {redis.call('HMGET', KEYS[1], unpack(fields)), redis.call('HMGET', KEYS[2
 # The overlap policies: skip, allow, buffer_one/buffer_all (the buffer hash, KEYS[8]; a
 # buffered slot is never late; oldest first), cancel_other (every other running run is
 # fenced, finished 'cancelled', its attempt recorded interrupted here).
-# KEYS: run, active, hc, hr, hs, he, hm, buffer.
+# The ledger (LedgerStore): a new run of a paused job (KEYS[11]) is answered 'paused' for
+# the reasons in PAUSABLE_REASONS; a backfill of a slot that history shows ran is 'done';
+# 'late' (but a catch-up's), 'overlap' and 'paused' write a skipped mark (KEYS[9], [10]).
+# KEYS: run, active, hc, hr, hs, he, hm, buffer, marks, mark index, pause. (The previous
+# release's script takes the first eight and never reads the others.)
 # ARGV: 1 slot, 2 token, 3 instance, 4 mode, 5 reason, 6 lease_ms, 7 overlap,
 #       8 max_attempts, 9 max_late_ms|'', 10 keep_ms|'', 11 history_size,
 #       12 history_ttl_ms|'', 13 run key prefix (the key of a slot without the slot),
 #       14 default keep_ms, 15 minimum keep_ms, 16 buffer_limit, 17 cancel reason,
 #       18 buffer hold ms, 19 longest buffered wait ms.
 # Returns {kind, number} ({'won', attempt, cancelled slot}, {'buffered', slot, wait_ms}).
+_PAUSABLE = "{" + ", ".join(f"['{r}'] = true" for r in PAUSABLE_REASONS) + "}"
 RUN_CLAIM = _script(
     "run_claim",
-    r"""
+    f"local PAUSABLE = {_PAUSABLE}\n"
+    + r"""
 local run = KEYS[1]
 local slot = tonumber(ARGV[1])
 local token = ARGV[2]
@@ -327,6 +433,12 @@ local max_attempts = tonumber(ARGV[8])
 local default_keep = tonumber(ARGV[14])
 local min_keep = tonumber(ARGV[15])
 local now = now_ms()
+
+-- A skip of a new run, in the ledger: the slot alone, unless a mark already covers it.
+local function skip(why)
+  mark_write(KEYS[9], KEYS[10], slot, slot, 1, 'skipped', why, inst, now,
+             tonumber(ARGV[11]), ARGV[12])
+end
 
 local function start(attempt, reason, stored_max)
   redis.call('HSET', run, 'v', RUN_FORMAT, 'attempt', attempt, 'token', token, 'owner', inst,
@@ -401,6 +513,14 @@ if st[1] then
 end
 if ARGV[4] == 'takeover' then return {'none', 0} end
 if ARGV[4] == 'new' and now < slot then return {'early', slot - now} end
+if PAUSABLE[ARGV[5]] then
+  local pause = redis.call('HMGET', KEYS[11], 'at', 'until')
+  if pause[1] and (pause[2] == '' or tonumber(pause[2]) > now) then
+    skip('paused')
+    return {'paused', 0}
+  end
+end
+if ARGV[5] == 'backfill' and hist_ran(3, slot) then return {'done', 0} end
 local policy = ARGV[7]
 local buffering = policy == 'buffer_one' or policy == 'buffer_all'
 local count, head, queued = 0, nil, false
@@ -419,6 +539,7 @@ if buffering then
 end
 -- A buffered slot waited for its turn: that wait never makes it late.
 if not queued and ARGV[9] ~= '' and now > slot + tonumber(ARGV[9]) then
+  if ARGV[5] ~= 'catch-up' then skip('late') end  -- nothing to catch up is not a skip
   return {'late', now - slot}
 end
 -- A new run: sweep the job's other runs, then the overlap rule. A run is swept only when
@@ -437,7 +558,10 @@ for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
     give_up(key, tonumber(member), member, r[2], tonumber(r[3]), tonumber(r[6]), r[5], r[7])
   end
 end
-if policy == 'skip' and busy then return {'overlap', busy} end
+if policy == 'skip' and busy then
+  skip('overlap')
+  return {'overlap', busy}
+end
 local cancelled = nil
 if buffering then
   if busy or (head and head ~= slot) then
@@ -454,6 +578,7 @@ if buffering then
                                         tonumber(ARGV[19])))
       return {'buffered', blocker, wait}
     end
+    skip('overlap')  -- the buffer is full
     return {'overlap', blocker}
   end
   if queued then redis.call('HDEL', KEYS[8], ARGV[1]) end  -- its turn: it starts below
@@ -476,6 +601,7 @@ if ARGV[10] ~= '' then redis.call('HSET', run, 'keep_ms', ARGV[10]) end
 start(1, ARGV[5], nil)
 return {'won', 1, cancelled}
 """,
+    marks=True,
 )
 
 # runs.heartbeat(). KEYS: run. ARGV: token, lease_ms.
