@@ -354,6 +354,7 @@ class MemoryRunStore:
         if now < c.slot:
             return ClaimOutcome.early(c.slot - now)
         if c.reason in PAUSABLE_REASONS and self._paused(c.job, now) is not None:
+            state.buffers.get(c.job, {}).pop(c.slot, None)  # a buffered slot waits no more
             return self._skip(c, "paused", now, ClaimOutcome.paused())
         if c.reason == "backfill" and state.job_history(c.job).ran(c.slot):
             return ClaimOutcome.done()

@@ -143,6 +143,27 @@ class LedgerTests(ContractBase):
 
         self.run(make_backend, scenario)
 
+    def test_lease_ledger_pause_drops_a_buffered_slot(self, make_backend: BackendFactory) -> None:
+        """A buffered slot claimed while its job is paused is skipped and waits no more:
+        after the resume it does not hold the job's next slot back."""
+
+        async def scenario(backends: _Backends) -> None:
+            runs, ledger = await self.ledger(backends)
+            job, base = unique_job("pause-buffer"), _past_ms()
+
+            def claim(slot: int, token: str) -> Any:
+                return self._claim(job, slot, token, overlap="buffer_one")
+
+            assert await runs.claim(claim(base, "a")) == ClaimOutcome.won(1)
+            assert (await runs.claim(claim(base + 1000, "b"))).kind == "buffered"
+            await ledger.pause(job, "", "x", None)
+            assert await runs.claim(claim(base + 1000, "b")) == ClaimOutcome.paused()
+            await ledger.resume(job)
+            assert await runs.finish(job, base, "a", "success")
+            assert await runs.claim(claim(base + 2000, "c")) == ClaimOutcome.won(1)
+
+        self.run(make_backend, scenario)
+
     def test_lease_ledger_pause_until_ends_by_the_store_clock(
         self, make_backend: BackendFactory
     ) -> None:

@@ -517,6 +517,7 @@ if PAUSABLE[ARGV[5]] then
   local pause = redis.call('HMGET', KEYS[11], 'at', 'until')
   if pause[1] and (pause[2] == '' or tonumber(pause[2]) > now) then
     skip('paused')
+    redis.call('HDEL', KEYS[8], ARGV[1])  -- a buffered slot of it waits no more
     return {'paused', 0}
   end
 end
