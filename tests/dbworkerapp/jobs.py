@@ -5,6 +5,10 @@
   writes an ``Execution`` when it starts and when it ends.
 * ``catchup``: one job every 10 s that catches up its 3 newest missed slots of 100 s
   (``catch_up_mode="all"``); each run takes 300 ms.
+* ``ledger``: the slot ledger's fates (tests/test_ledger_workers.py): ``ledger-overlap``
+  every second runs 1.4 s (every other slot is skipped, overlap); ``ledger-late`` every
+  second with ``max_late`` 1 ms (most claims are late); ``ledger-pulse`` every 200 ms (the
+  job the test pauses); ``ledger-backfill`` every minute (the job it backfills).
 * ``tasks``: one job every 2 s that enqueues ``tasks.beat_task`` (max_attempts 3). With
   ``ANARCHON_DBW_PAUSE`` = ``enqueue`` (before the enqueue) or ``enqueued`` (after it, before
   the run's finish), the first attempt 1 to get there in any process writes
@@ -53,6 +57,26 @@ if SCENARIO == "long":
         ctx.signal.wait(60)
         record(ctx, f"end {ctx.signal.reason}")
         ctx.signal.raise_if_aborted()
+
+if SCENARIO == "ledger":
+
+    @every("1s", name="ledger-overlap", max_late="500ms")
+    def ledger_overlap(ctx: Any) -> None:
+        record(ctx, ctx.reason)
+        time.sleep(1.4)
+
+    @every("1s", name="ledger-late", max_late="1ms", overlap="allow")
+    def ledger_late(ctx: Any) -> None:
+        record(ctx, ctx.reason)
+
+    @every("200ms", name="ledger-pulse", max_late="500ms", overlap="allow")
+    def ledger_pulse(ctx: Any) -> None:
+        record(ctx, ctx.reason)
+
+    @every("1m", name="ledger-backfill", max_late="500ms")
+    def ledger_backfill(ctx: Any) -> None:
+        record(ctx, ctx.reason)
+        time.sleep(0.1)
 
 if SCENARIO == "catchup":
 
