@@ -17,8 +17,14 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from django_anarchon import ConfigurationError
-from django_anarchon.backends.base import RunClaim, RunRecord, SlotMark, ms_to_datetime
-from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.backends.base import (
+    ClaimOutcome,
+    RunClaim,
+    RunRecord,
+    SlotMark,
+    ms_to_datetime,
+)
+from django_anarchon.backends.memory import MemoryBackend, MemoryRunStore
 from django_anarchon.engine import JobContext, Scheduler
 from django_anarchon.engine import ledger as ledger_module
 from django_anarchon.engine.ledger import LedgerEntry, merge
@@ -304,3 +310,57 @@ async def test_two_backfills_of_one_range_run_each_slot_once() -> None:
     assert all(done == 6 and finished is not None for done, finished in rows), rows
     history = await schedulers[0].ahistory("bf.report", 100)
     assert sorted(r.slot for r in history) == slots and {r.reason for r in history} == {"backfill"}
+
+
+class _OutageRunStore(MemoryRunStore):
+    """The memory lease store, whose claims fail with ``ConnectionError`` while ``down``."""
+
+    down = False
+
+    async def claim(self, input: RunClaim) -> ClaimOutcome:
+        if self.down:
+            raise ConnectionError("store unreachable (test)")
+        return await super().claim(input)
+
+    async def mark_missed(self, *args: Any) -> int:
+        if self.down:
+            raise ConnectionError("store unreachable (test)")
+        return await super().mark_missed(*args)
+
+
+async def test_slots_whose_claims_got_no_answer_are_marked_missed_when_the_store_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ledger_module, "FIRST_LOOK_DELAY_S", 0.1)
+    monkeypatch.setattr(ledger_module, "OWED_RETRY_S", 0.2)
+    backend = MemoryBackend()
+    runs = _OutageRunStore(backend._state)
+    backend.runs = runs
+    calls = Calls()
+    s = Scheduler(backend, instance_id="A", lease="1s")
+    s.every("outage.report", "500ms", _recorder(calls), max_late="300ms")
+    await s.start()
+    try:
+        await wait_for(lambda: len(calls.items) >= 2, 10, "runs before the outage")
+        runs.down = True
+        down_at = real_ms()
+        await wait_for(lambda: s.ledgers.owed, 10, "a slot owed to the store")
+        await asyncio.sleep(1.0)  # two more slots fall due with the store away
+        assert s.ledgers.owed, "nothing is paid while the store is away"
+        runs.down = False
+        up_at = real_ms()
+        await wait_for(lambda: any(c["slot"] > up_at for c in calls.items), 10, "runs after")
+        deadline = time.monotonic() + 10
+        while True:  # the owed slots are paid within OWED_RETRY_S
+            entries = await s.aledger("outage.report")
+            missed_entries = [e for e in entries if e.fate == "missed"]
+            if sum(e.count for e in missed_entries) >= 3 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await stop_all(s)
+    entries = await s.aledger("outage.report")
+    fates = _fates_by_slot(s, "outage.report", entries)
+    missed = sorted(slot for slot, fate in fates.items() if fate == "missed:missed")
+    assert len(missed) >= 3, fates
+    assert all(down_at - 500 <= slot <= up_at for slot in missed), (missed, down_at, up_at)

@@ -27,6 +27,7 @@ from ..backends.base import (
     RunRecord,
     SlotFate,
     SlotMark,
+    datetime_to_ms,
     ledger_of,
     ms_to_datetime,
 )
@@ -271,11 +272,25 @@ class LedgerKeeper:
         high = now - reach_ms(job, self.host.lease_ms)
         if high <= low:
             return 0
+        low, covered = await self._covered(store, job, low, high)
+        ranges = _ranges(job, low + 1, high, covered)
+        written = await self._mark(store, job, ranges)
+        await self._mark_gaps(store, job, low, high)
+        return written
+
+    async def _covered(
+        self, store: LedgerStore, job: Job, low: int, high: int
+    ) -> tuple[int, set[int]]:
+        """The slots in ``(low, high]`` that history or a mark covers, and how far back the
+        store still tells: ``low``, raised past what it may have pruned."""
+        o = job.options
         history = await self.host.backend.history(job.name, o.history_size)
         marks = await store.marks(job.name, low, high, o.history_size)
         # What history or the marks no longer hold (pruned) cannot be told from missed.
+        # History keeps the runs that started last, and a run starts after its slot: every
+        # slot since the oldest start it kept would still be there if it had run.
         if len(history) >= o.history_size:
-            low = max(low, min(r.slot for r in history))
+            low = max(low, min(datetime_to_ms(r.started_at) for r in history))
         if len(marks) >= o.history_size:
             low = max(low, min(m.slot for m in marks))
         taken = set(_ran(history))
@@ -284,10 +299,7 @@ class LedgerKeeper:
             slot for slot in _walk(job, low, high)
             if slot in taken or any(a <= slot <= b for a, b in spans)
         }
-        ranges = _ranges(job, low + 1, high, covered)
-        written = await self._mark(store, job, ranges)
-        await self._mark_gaps(store, job, low, high)
-        return written
+        return low, covered
 
     async def _mark(
         self, store: LedgerStore, job: Job, ranges: Sequence[tuple[int, int, int]]
@@ -326,21 +338,26 @@ class LedgerKeeper:
         store = self.store
         if store is None:
             return
-        for name, slots in list(self.owed.items()):
+        for name, owed in list(self.owed.items()):
+            slots = set(owed)  # claims that fail meanwhile add to the live set
             try:
                 job = self.host.get_job(name)
             except Exception:
                 self.owed.pop(name, None)
                 continue
-            ordered = sorted(slots)
-            ranges = _ranges(job, ordered[0], ordered[-1], set(_walk(
-                job, ordered[0] - 1, ordered[-1])) - slots)
+            first, last = min(slots), max(slots)
             try:
+                # Another instance may have won some meanwhile, or a look marked them.
+                low, covered = await self._covered(store, job, first - 1, last)
+                others = set(_walk(job, first - 1, last)) - slots
+                ranges = _ranges(job, max(first, low + 1), last, covered | others)
                 await self._mark(store, job, ranges)
             except Exception as exc:
                 self._failed(f"marking the missed slots of job {name}", exc)
                 continue
-            self.owed.pop(name, None)
+            owed -= slots
+            if not owed:
+                self.owed.pop(name, None)
 
     def _failed(self, what: str, exc: BaseException) -> None:
         logger.warning("scheduler %s: %s failed: %s", self.host.name, what, error_text(exc))
