@@ -56,7 +56,8 @@ class Command(BaseCommand):
         if state.until is None:
             line += " until resumed"
         else:
-            length = format_duration(max(state.until - state.at, 1000) // 1000 * 1000)
+            # To the nearest second: ``at`` is the store's now, a moment after the command's.
+            length = format_duration(max(round((state.until - state.at) / 1000), 1) * 1000)
             line += f" for {length}, until {when(ms_to_datetime(state.until))}"
         note = " ".join(state.note.split())
         self.stdout.write(f"{line}: {note}" if note else line)
