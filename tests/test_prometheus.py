@@ -241,7 +241,6 @@ async def test_missed_slots_are_counted_one_by_one() -> None:
     events: list[str | None] = []
     s.on("missed", lambda event: events.append(event.reason))
     jobs = s.registered_jobs()
-    await s._ensure_init()
     known = now_ms() - 10 * 60_000  # the store has known the jobs for ten minutes
     assert await s.ledgers.look_back(jobs, {job.name: known for job in jobs}) == 2
     for name in ("gap", "gap.fast"):

@@ -38,7 +38,7 @@ class Command(BaseCommand):
         add_scheduler_argument(parser)
         parser.add_argument(
             "--limit", type=bounded_int(1, MAX_LIMIT), default=20,
-            help=f"How many runs, 1 to {MAX_LIMIT:,} (default 20).",
+            help=f"How many runs (ledger lines with --all-slots), 1 to {MAX_LIMIT:,} (default 20).",
         )
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
         parser.add_argument(
@@ -99,7 +99,6 @@ class Command(BaseCommand):
                 link = _link_dict(links, alias, r)
                 row.insert(3, "-" if link is None else _task_text(link))
         self.stdout.write(table(headers, rows))
-
 
     def _ledger(self, options: dict[str, Any]) -> None:
         name = options["job"]
