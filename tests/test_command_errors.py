@@ -27,7 +27,14 @@ from .redis_support import free_port
 from .support import ROOT, reachable, unavailable, wait_for
 
 SECRET = "s3cret-not-for-logs"
-COMMANDS = [["anarchon_jobs"], ["anarchon_history"], ["anarchon_run", "nightly.report"]]
+COMMANDS = [["anarchon_jobs"], ["anarchon_history"], ["anarchon_run", "nightly.report"],
+            ["anarchon_history", "nightly.report", "--all-slots"]]
+#: The commands of the pauses and backfills (they need a store with a ledger).
+LEDGER_COMMANDS = [
+    ["anarchon_pause", "nightly.report", "--by", "ops"],
+    ["anarchon_resume", "nightly.report"],
+    ["anarchon_backfill", "nightly.report", "--from", "3h", "--to", "1h", "--dry-run"],
+]
 
 
 def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -93,21 +100,21 @@ def unmigrated_postgres() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: "_".join(c[0::2]))
 def test_redis_port_nothing_listens_on(command: list[str]) -> None:
     url = f"redis://:{SECRET}@127.0.0.1:{free_port()}/0"
     result = manage({"ANARCHON_SE_KIND": "redis", "ANARCHON_SE_URL": url}, *command)
     assert_one_line(result, "backend redis redis://:***@127.0.0.1:", "ConnectionError")
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: "_".join(c[0::2]))
 def test_redis_refuses_the_password(command: list[str], redis_with_password: int) -> None:
     url = f"redis://:{SECRET}@127.0.0.1:{redis_with_password}/0"
     result = manage({"ANARCHON_SE_KIND": "redis", "ANARCHON_SE_URL": url}, *command)
     assert_one_line(result, f"127.0.0.1:{redis_with_password}", "AuthenticationError")
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: "_".join(c[0::2]))
 def test_postgres_database_that_does_not_exist(command: list[str]) -> None:
     env = {"ANARCHON_PG_NAME": "anarchon_no_such_database", "ANARCHON_PG_PASSWORD": SECRET}
     result = manage(env, *command)
@@ -116,12 +123,26 @@ def test_postgres_database_that_does_not_exist(command: list[str]) -> None:
     assert "migrate" not in err  # not a missing table: no misleading hint
 
 
+@pytest.mark.parametrize("command", LEDGER_COMMANDS, ids=lambda c: c[0])
+def test_ledger_commands_on_a_postgres_database_that_does_not_exist(command: list[str]) -> None:
+    env = {"ANARCHON_PG_NAME": "anarchon_no_such_database", "ANARCHON_PG_PASSWORD": SECRET}
+    assert_one_line(manage(env, *command), "backend database (postgresql, alias 'default')",
+                    'database "anarchon_no_such_database" does not exist')
+
+
+def test_ledger_commands_on_sqlite_without_migrations(tmp_path: Path) -> None:
+    env = {"ANARCHON_SE_DB": "sqlite", "ANARCHON_SQLITE_NAME": str(tmp_path / "new.sqlite3")}
+    for command in LEDGER_COMMANDS:
+        assert_one_line(manage(env, *command), "backend database (sqlite, alias 'default')",
+                        "no such table: django_anarchon_", "run `python manage.py migrate`")
+
+
 def test_postgres_port_nothing_listens_on() -> None:
     env = {"ANARCHON_PG_PORT": str(free_port()), "ANARCHON_PG_PASSWORD": SECRET}
     assert_one_line(manage(env, "anarchon_history"), "OperationalError: connection failed")
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: "_".join(c[0::2]))
 def test_postgres_without_migrations(command: list[str], unmigrated_postgres: str) -> None:
     result = manage({"ANARCHON_PG_NAME": unmigrated_postgres}, *command)
     assert_one_line(result, 'relation "django_anarchon_run" does not exist',

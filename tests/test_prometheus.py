@@ -14,7 +14,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from django_anarchon.backends.memory import MemoryBackend
-from django_anarchon.contrib.prometheus import METRIC_NAMES, register
+from django_anarchon.contrib.prometheus import (
+    METRIC_NAMES,
+    missed_count,
+    refresh_pauses,
+    register,
+    watch_pauses,
+)
 from django_anarchon.engine import JobContext, Scheduler
 
 from .test_engine_support import (
@@ -182,3 +188,70 @@ async def test_claim_only_store_counts_won_and_lost() -> None:
             await s.stop(grace=2)
     assert value(registry, "anarchon_claims_total", job="once", outcome="won") == 1
     assert value(registry, "anarchon_claims_total", job="once", outcome="lost") == 1
+
+
+async def test_paused_skips_and_the_paused_gauge_follow_the_store() -> None:
+    registry = CollectorRegistry()
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    s.every("tick", "200ms", lambda ctx: None, max_late="150ms")
+    s.every("other", "1h", lambda ctx: None)
+    register(s, registry)
+    assert registry.get_sample_value(
+        "anarchon_job_paused", {"scheduler": "default", "job": "tick"}
+    ) is None  # not read yet: no series, rather than a 0 nobody knows
+    await s.start()
+    watcher = asyncio.create_task(watch_pauses([s], registry, every=0.05))
+    try:
+        await wait_for(lambda: registry.get_sample_value(
+            "anarchon_job_paused", {"scheduler": "default", "job": "tick"}) == 0, 5,
+            "the first read of the pauses")
+        await s.apause("tick", note="deploy", by="ops")
+        await wait_for(
+            lambda: value(registry, "anarchon_job_paused", job="tick") == 1
+            and value(registry, "anarchon_skips_total", job="tick", reason="paused") >= 2,
+            10, "the paused gauge at 1 and two paused skips",
+        )
+        assert value(registry, "anarchon_job_paused", job="other") == 0
+        await s.aresume("tick")
+        await wait_for(lambda: value(registry, "anarchon_job_paused", job="tick") == 0, 5,
+                       "the paused gauge back at 0")
+    finally:
+        watcher.cancel()
+        await s.stop(grace=2)
+    assert value(registry, "anarchon_skips_total", job="tick", reason="other") == 0
+
+
+async def test_a_claim_only_store_is_never_paused() -> None:
+    registry = CollectorRegistry()
+    s = Scheduler(ClaimOnlyMemoryBackend(), instance_id="A")
+    s.every("tick", "1m", lambda ctx: None)
+    register(s, registry)
+    await refresh_pauses(s, registry)
+    assert registry.get_sample_value(
+        "anarchon_job_paused", {"scheduler": "default", "job": "tick"}) == 0
+
+
+async def test_missed_slots_are_counted_one_by_one() -> None:
+    """The look back writes a range of missed slots as one event: the counter adds them all."""
+    registry = CollectorRegistry()
+    s = Scheduler(MemoryBackend(), instance_id="B", lease="1s")
+    s.every("gap", "1m", lambda ctx: None, max_late="1s")
+    s.every("gap.fast", "10s", lambda ctx: None, max_late="1s")
+    register(s, registry)
+    events: list[str | None] = []
+    s.on("missed", lambda event: events.append(event.reason))
+    jobs = s.registered_jobs()
+    known = now_ms() - 10 * 60_000  # the store has known the jobs for ten minutes
+    assert await s.ledgers.look_back(jobs, {job.name: known for job in jobs}) == 2
+    for name in ("gap", "gap.fast"):
+        entries = [e for e in await s.aledger(name) if e.fate == "missed"]
+        total = sum(e.count for e in entries)
+        assert total >= {"gap": 9, "gap.fast": 59}[name], entries
+        assert value(registry, "anarchon_slots_missed_total", job=name) == total
+    assert all(missed_count(reason) > 1 for reason in events), events
+
+
+def test_the_count_of_a_missed_event_is_read_from_its_reason() -> None:
+    assert missed_count("12 slot(s) to 2026-11-29T12:10:00+00:00") == 12
+    assert missed_count("1 slot(s) to 2026-11-29T12:10:00+00:00") == 1
+    assert missed_count(None) == 1 and missed_count("missed") == 1

@@ -8,6 +8,7 @@ kills and starts again on the same port.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management.base import CommandError
@@ -24,6 +26,7 @@ from django_anarchon.management.commands._probes import check_port
 
 from .faults.servers import RedisStore
 from .support import ROOT, WorkerGroup, wait_for, worker_group
+from .test_database_workers import sqlite_db  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.workers
 
@@ -85,13 +88,15 @@ def test_metrics_and_probes_of_a_memory_worker(group: WorkerGroup) -> None:
     for name, kind in METRIC_NAMES.items():
         expected = f"{name}_count" if kind == "histogram" else name
         if name in ("anarchon_takeovers_total", "anarchon_lost_leases_total",
-                    "anarchon_cancels_total", "anarchon_store_errors_total"):
-            continue  # nothing taken over, lost, cancelled or failed: no series yet
+                    "anarchon_cancels_total", "anarchon_store_errors_total",
+                    "anarchon_slots_missed_total"):
+            continue  # nothing taken over, lost, cancelled, failed or missed: no series yet
         assert expected in names, (name, sorted(names))
     tick = frozenset({("scheduler", "default"), ("job", "tick")})
     assert scraped[("anarchon_run_start_lateness_seconds_count", tick)] >= 2
     assert scraped[("anarchon_last_success_timestamp_seconds", tick)] > 0
     assert scraped[("anarchon_job_interval_seconds", tick)] == pytest.approx(0.3)
+    assert scraped[("anarchon_job_paused", tick)] == 0  # read from the store at start
     # The long job runs until the stop: one running run, and its later slots are overlaps.
     long = frozenset({("scheduler", "default"), ("job", "long")})
     assert scraped[("anarchon_running_runs", long)] == 1
@@ -180,3 +185,53 @@ def test_readyz_follows_the_store(tmp_path: Path) -> None:
             group.stop_all()
     finally:
         redis.close()
+
+
+def test_a_pause_by_the_commands_shows_in_the_banner_and_the_metrics(
+    sqlite_db: Any, tmp_path: Path,  # noqa: F811
+) -> None:
+    """anarchon_pause and anarchon_resume in processes of their own, a worker on the same
+    database: its banner marks the job, ``anarchon_job_paused`` follows the store, the
+    paused slots are counted as skips and the ledger shows them."""
+    db = sqlite_db("many")
+    env = {**db.env, "ANARCHON_DBW_JOBS": "2"}
+
+    def manage(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert manage("anarchon_pause", "tick-00", "--note", "deploy", "--by", "ops") == (
+        "paused tick-00 (scheduler 'default') by ops until resumed: deploy\n")
+    with worker_group(tmp_path, env) as group:
+        group.start("P1", "--metrics-port", "0", grace="2s")
+        group.wait_started()
+        out = group.output("P1")
+        (paused,) = [line for line in out.splitlines() if " tick-00 " in line]
+        assert paused.endswith("  PAUSED by ops until resumed: deploy"), out
+        (running,) = [line for line in out.splitlines() if " tick-01 " in line]
+        assert "PAUSED" not in running, out
+        metrics = banner_port(out, "metrics")
+
+        def job(name: str, **more: str) -> frozenset[tuple[str, str]]:
+            return frozenset({("scheduler", "default"), ("job", name), *more.items()})
+
+        skips = ("anarchon_skips_total", job("tick-00", reason="paused"))
+        wait_for(lambda: (now := samples(metrics)).get(skips, 0) >= 2
+                 and now.get(("anarchon_job_paused", job("tick-00"))) == 1
+                 and now.get(("anarchon_job_paused", job("tick-01"))) == 0,
+                 30, "the paused gauge and two paused skips of tick-00")
+        assert samples(metrics).get(("anarchon_runs_total", job("tick-00", status="success")),
+                                    0) == 0
+        assert manage("anarchon_resume", "tick-00").startswith("resumed tick-00 ")
+        # The worker reads the pauses every 10 s.
+        wait_for(lambda: samples(metrics).get(("anarchon_job_paused", job("tick-00"))) == 0
+                 and samples(metrics).get(
+                     ("anarchon_runs_total", job("tick-00", status="success")), 0) >= 1,
+                 30, "tick-00 running again and its gauge at 0")
+        group.stop_all()
+    entries = json.loads(manage("anarchon_history", "tick-00", "--all-slots", "--json",
+                                "--limit", "1000"))
+    fates = {(e["fate"], e["reason"]) for e in entries}
+    assert {("skipped", "paused"), ("ran", "scheduled")} <= fates, fates

@@ -7,20 +7,34 @@ operation); never a slot, a token or an instance id (Prometheus adds the scrape 
 
 Lateness is measured on this process's clock (the handler's start minus its slot): an
 observation, never a decision, so it does not need the store's clock.
+
+``anarchon_job_paused`` is not an event: it is read from the store (``apauses()``, one
+call per scheduler) by :func:`watch_pauses`, which the worker runs every
+``PAUSE_REFRESH_S`` when it serves metrics; a process that never refreshes it shows no
+series rather than a 0 it does not know.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from django_anarchon.redact import redact_text
+
 if TYPE_CHECKING:
     from django_anarchon.engine import Scheduler
     from django_anarchon.engine.events import Event
 
-__all__ = ["METRIC_NAMES", "Metrics", "Registration", "register"]
+__all__ = ["METRIC_NAMES", "Metrics", "Registration", "missed_count", "refresh_pauses", "register",
+           "watch_pauses"]
+
+logger = logging.getLogger("django_anarchon")
 
 #: Start lateness buckets, in seconds: a few milliseconds (on time) to minutes (a backlog).
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -33,6 +47,11 @@ SKIP_REASONS = frozenset({"late", "overlap", "paused", "dst"})
 #: The operations of ``error`` events; a task's label (it names a slot) becomes ``other``.
 OPERATIONS = frozenset({"claim", "record_claim", "finish", "release", "save_result", "schedule"})
 STATUSES = {"success": "success", "failure": "failed", "interrupted": "interrupted"}
+#: How often the worker reads the pauses, and how long one read may take.
+PAUSE_REFRESH_S = 10.0
+PAUSE_READ_TIMEOUT_S = 5.0
+#: A ``missed`` event's reason: "3 slot(s) to 2026-11-29T12:10:00+00:00" (engine/ledger.py).
+_MISSED_COUNT = re.compile(r"(\d+) slot\(s\) to ")
 
 #: Every metric name the collector exports, as a scrape shows it (counters with ``_total``).
 METRIC_NAMES: dict[str, str] = {
@@ -47,6 +66,8 @@ METRIC_NAMES: dict[str, str] = {
     "anarchon_running_runs": "gauge",
     "anarchon_last_success_timestamp_seconds": "gauge",
     "anarchon_job_interval_seconds": "gauge",
+    "anarchon_job_paused": "gauge",
+    "anarchon_slots_missed_total": "counter",
 }
 
 
@@ -101,6 +122,14 @@ class Metrics:
             "anarchon_job_interval_seconds",
             "The shortest gap between two slots of the job (for alerts counted in intervals).",
             job, registry=registry, multiprocess_mode="max",
+        )
+        self.paused = Gauge(
+            "anarchon_job_paused", "1 while the job is paused (read from the store), else 0.",
+            job, registry=registry, multiprocess_mode="max",
+        )
+        self.missed = Counter(
+            "anarchon_slots_missed", "Slots nobody claimed, found by this process's look back "
+            "and written to the ledger as missed.", job, registry=registry,
         )
 
 
@@ -174,6 +203,9 @@ def register(scheduler: Scheduler, registry: CollectorRegistry | None = None) ->
         outcome = event.reason if event.reason in CLAIM_OUTCOMES else "other"
         metrics.claims.labels(name, event.job or "", outcome).inc()
 
+    def missed(event: Event) -> None:
+        metrics.missed.labels(name, event.job or "").inc(missed_count(event.reason))
+
     def errored(event: Event) -> None:
         operation = event.reason if event.reason in OPERATIONS else "other"
         metrics.store_errors.labels(name, operation).inc()
@@ -184,9 +216,50 @@ def register(scheduler: Scheduler, registry: CollectorRegistry | None = None) ->
     subscriptions: list[tuple[str, Any]] = [
         ("start", started), ("success", ended), ("failure", ended), ("interrupted", ended),
         ("skip", skipped), ("lost", lost), ("cancel", cancelled),
-        ("claim", claimed), ("error", errored),
+        ("claim", claimed), ("error", errored), ("missed", missed),
     ]
     for event_name, callback in subscriptions:
         scheduler.on(event_name, callback)
         registration.callbacks.append((event_name, callback))
     return registration
+
+
+def missed_count(reason: str | None) -> int:
+    """How many slots a ``missed`` event stands for (its reason says; 1 if it does not)."""
+    found = _MISSED_COUNT.match(reason or "")
+    return int(found[1]) if found else 1
+
+
+async def refresh_pauses(scheduler: Scheduler, registry: CollectorRegistry | None = None) -> None:
+    """Set ``anarchon_job_paused`` of each of ``scheduler``'s jobs from one read of its store.
+
+    Raises what the read raises (a store that is down); the values stay as they were.
+    """
+    metrics = metrics_for(REGISTRY if registry is None else registry)
+    async with asyncio.timeout(PAUSE_READ_TIMEOUT_S):
+        pauses = await scheduler.apauses()
+    for info in scheduler.jobs():
+        metrics.paused.labels(scheduler.name, info.name).set(1 if info.name in pauses else 0)
+
+
+async def watch_pauses(
+    schedulers: Sequence[Scheduler], registry: CollectorRegistry | None = None,
+    every: float = PAUSE_REFRESH_S,
+) -> None:
+    """:func:`refresh_pauses` for each scheduler now and every ``every`` seconds, until
+    cancelled; a failing read is logged once per streak of failures."""
+    failing: set[str] = set()
+    while True:
+        for scheduler in schedulers:
+            try:
+                await refresh_pauses(scheduler, registry)
+            except Exception as exc:
+                if scheduler.name not in failing:
+                    first = (str(exc).strip().splitlines() or [""])[0]
+                    logger.warning("scheduler %s: reading the pauses for anarchon_job_paused "
+                                   "failed: %s: %s", scheduler.name, type(exc).__name__,
+                                   redact_text(first))
+                failing.add(scheduler.name)
+            else:
+                failing.discard(scheduler.name)
+        await asyncio.sleep(every)

@@ -18,6 +18,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from django_anarchon import conf
+from django_anarchon.backends.base import PauseState, ms_to_datetime
 from django_anarchon.exceptions import AnarchonError
 from django_anarchon.redact import describe_backend, redact_text
 
@@ -134,6 +135,32 @@ def when(value: datetime | None) -> str:
     if value is None:
         return "-"
     return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def pause_text(state: PauseState, note_width: int | None = None) -> str:
+    """``by alice until 2026-11-29 16:10:12 UTC: deploy``, on one line.
+
+    ``note_width`` cuts a long note (a table cell); the note's own line breaks are spaces.
+    """
+    parts = [f"by {state.by}"] if state.by else []
+    if state.until is None:
+        parts.append("until resumed")
+    else:
+        parts.append(f"until {when(ms_to_datetime(state.until))}")
+    text = " ".join(parts)
+    note = " ".join(state.note.split())
+    if note_width is not None and len(note) > note_width:
+        note = note[: note_width - 3] + "..."
+    return f"{text}: {note}" if note else text
+
+
+def pause_dict(state: PauseState | None) -> dict[str, Any] | None:
+    """The ``"paused"`` value of a job in ``--json``: note, by, at and until (ISO), or null."""
+    if state is None:
+        return None
+    until = None if state.until is None else ms_to_datetime(state.until).isoformat()
+    return {"note": state.note, "by": state.by, "at": ms_to_datetime(state.at).isoformat(),
+            "until": until}
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -1,14 +1,19 @@
-"""``manage.py anarchon_history [JOB]``: the latest runs, from every instance, newest first."""
+"""``manage.py anarchon_history [JOB]``: the latest runs, from every instance, newest first.
+
+With ``--all-slots`` it shows one job's ledger instead: every slot with its fate (ran,
+skipped and why, missed), newest first, between ``--since`` and ``--until``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_anarchon.backends.base import RunRecord, sort_newest_first
+from django_anarchon.backends.base import RunRecord, ledger_of, sort_newest_first
 from django_anarchon.durations import format_duration
 
+from ._operator import WHEN_HELP, ago, parse_when, refusals
 from ._output import (
     add_scheduler_argument,
     bounded_int,
@@ -33,11 +38,28 @@ class Command(BaseCommand):
         add_scheduler_argument(parser)
         parser.add_argument(
             "--limit", type=bounded_int(1, MAX_LIMIT), default=20,
-            help=f"How many runs, 1 to {MAX_LIMIT:,} (default 20).",
+            help=f"How many runs (ledger lines with --all-slots), 1 to {MAX_LIMIT:,} (default 20).",
         )
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+        parser.add_argument(
+            "--all-slots", action="store_true",
+            help="The job's ledger: every slot with its fate (ran, skipped, missed), not "
+                 "only the runs.",
+        )
+        for flag, what in (("--since", "first"), ("--until", "last")):
+            parser.add_argument(
+                flag, metavar="WHEN",
+                help=f"With --all-slots: the {what} slot to show, as {WHEN_HELP} "
+                     "(a duration is that long ago).",
+            )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["all_slots"]:
+            self._ledger(options)
+            return
+        for flag in ("since", "until"):
+            if options[flag] is not None:
+                raise CommandError(f"--{flag} goes with --all-slots (the ledger of one JOB)")
         limit = options["limit"]
         records: list[tuple[str, RunRecord]] = []
         if options["job"]:
@@ -77,6 +99,41 @@ class Command(BaseCommand):
                 link = _link_dict(links, alias, r)
                 row.insert(3, "-" if link is None else _task_text(link))
         self.stdout.write(table(headers, rows))
+
+    def _ledger(self, options: dict[str, Any]) -> None:
+        name = options["job"]
+        if not name:
+            raise CommandError("--all-slots shows the ledger of one job: name the JOB")
+        alias, scheduler = find_job(name, options["schedulers"])
+        now = scheduler.clock.now()
+        bounds = {
+            flag: None if options[flag] is None
+            else ago(parse_when(options[flag], option=f"--{flag}", job=name), now)
+            for flag in ("since", "until")
+        }
+        flags = {flag: (f"--{flag}", options[flag] or "") for flag in ("since", "until")}
+        with store_errors(alias, scheduler), refusals(name, flags):
+            entries = scheduler.ledger(name, bounds["since"], bounds["until"], options["limit"])
+        if options["json"]:
+            self.stdout.write(to_json([entry.to_dict() for entry in entries]))
+            return
+        if ledger_of(scheduler.backend) is None:
+            self.stderr.write(
+                f"the {scheduler.backend.name} backend keeps no ledger: only the slots that "
+                "ran show"
+            )
+        if not entries:
+            self.stdout.write(f"No slots of {name} recorded in that range.")
+            return
+        rows = []
+        for e in entries:
+            ran = e.fate == "ran"
+            span = "" if e.count == 1 else f"{e.count} slots, to {when(e.last_scheduled_at)}"
+            rows.append([when(e.scheduled_at), e.fate, e.reason, e.status if ran else "-",
+                         len(e.attempts) if ran else "-", e.by or "-", span])
+        self.stdout.write(table(
+            ["SCHEDULED", "FATE", "REASON", "STATUS", "ATTEMPTS", "INSTANCE", "RANGE"], rows
+        ))
 
 
 def _first_line(error: str | None) -> str:

@@ -1,6 +1,7 @@
 """``manage.py anarchon_jobs``: every job of every scheduler, its schedule, next and last run.
 
-With ``--next N`` it lists the next N slots of each job (or of one JOB) instead, in the
+A paused job gets a PAUSED column (who, until when, the note); the pauses of a
+scheduler's jobs are one read of its store. With ``--next N`` it lists the next N slots of each job (or of one JOB) instead, in the
 job's zone and in UTC, marked where a DST rule shifted, skipped or doubled one.
 """
 
@@ -18,6 +19,8 @@ from ._output import (
     add_scheduler_argument,
     bounded_int,
     find_job,
+    pause_dict,
+    pause_text,
     selected_schedulers,
     store_errors,
     table,
@@ -56,29 +59,36 @@ class Command(BaseCommand):
         rows: list[list[Any]] = []
         items: list[dict[str, Any]] = []
         for alias, scheduler in chosen:
-            for info in sorted(scheduler.jobs(), key=lambda i: i.name):
-                if options["job"] is not None and info.name != options["job"]:
-                    continue
-                with store_errors(alias, scheduler):
-                    last = scheduler.last_run(info.name)
+            infos = [info for info in sorted(scheduler.jobs(), key=lambda i: i.name)
+                     if options["job"] is None or info.name == options["job"]]
+            with store_errors(alias, scheduler):
+                lasts = [scheduler.last_run(info.name) for info in infos]
+                # After the runs: a store without the app's tables names its runs table.
+                pauses = scheduler.pauses([info.name for info in infos]) if infos else {}
+            for info, last in zip(infos, lasts, strict=True):
                 job = scheduler.get_job(info.name)
                 target = job.target.describe() if job.target is not None else None
+                paused = pauses.get(info.name)
                 items.append({"scheduler": alias, **info.to_dict(),
                               "last_run": last.to_dict() if last else None,
+                              "paused": pause_dict(paused),
                               **({"target": target} if target else {})})
                 notes = [job.policies(), f"enqueues {target}" if target else ""]
                 rows.append([
                     alias, info.name, info.schedule, when(info.next_run_at),
                     when(last.started_at) if last else "-", last.status if last else "-",
                     ", ".join(n for n in notes if n) or "-",
+                    "-" if paused is None else pause_text(paused, note_width=40),
                 ])
+        headers = ["SCHEDULER", "JOB", "SCHEDULE", "NEXT RUN", "LAST RUN", "STATUS", "POLICIES"]
+        if any(row[-1] != "-" for row in rows):  # the column only when a job is paused
+            headers.append("PAUSED")
+        else:
+            rows = [row[:-1] for row in rows]
         if options["json"]:
             self.stdout.write(to_json(items))
         elif rows:
-            self.stdout.write(table(
-                ["SCHEDULER", "JOB", "SCHEDULE", "NEXT RUN", "LAST RUN", "STATUS", "POLICIES"],
-                rows,
-            ))
+            self.stdout.write(table(headers, rows))
         else:
             self.stdout.write("No jobs are registered. Put them in a jobs.py module of an installed app.")
 

@@ -28,10 +28,11 @@ from django_anarchon.handler import build_scheduler
 from django_anarchon.jobs import check_instance_id
 from django_anarchon.redact import describe_backend
 
-from ._output import chosen_aliases, store_errors
+from ._output import chosen_aliases, error_line, pause_text, store_errors
 from ._probes import HealthServer, check_port, flush_traces, start_metrics_server, start_traces, url
 
 if TYPE_CHECKING:
+    from django_anarchon.backends.base import PauseState
     from django_anarchon.engine import Scheduler
 
 logger = logging.getLogger("django_anarchon")
@@ -39,6 +40,8 @@ logger = logging.getLogger("django_anarchon")
 #: How long tasks still pending after the stop get to end once cancelled, and how long the
 #: loop's last clean-up (async generators, the default executor) may take, before exiting.
 EXIT_WAIT_S = 2.0
+#: How long the banner waits for a store's pauses before it says it could not read them.
+BANNER_PAUSES_S = 5.0
 
 
 class Command(BaseCommand):
@@ -142,6 +145,7 @@ class Command(BaseCommand):
             endpoints.append(f"  traces {start_traces(schedulers)}")
         worker = Worker(schedulers, grace_ms, health, self.stdout.write)
         worker.endpoints = endpoints
+        worker.watch_pauses = metrics_server is not None
         if health_port is not None:
             worker.health_at = (options["health_address"], health_port)
         runner = asyncio.Runner()
@@ -243,6 +247,8 @@ class Worker:
         self.endpoints: list[str] = []  # banner lines of the HTTP endpoints
         self.health_at: tuple[str, int] | None = None
         self.health: HealthServer | None = None
+        #: Refresh ``anarchon_job_paused`` from the stores (set when metrics are served).
+        self.watch_pauses = False
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -274,11 +280,15 @@ class Worker:
                 if self.stopping.is_set():
                     break
             else:
-                self._banner()
+                await self._banner()
             if failure is None:
                 tasks = [asyncio.create_task(self._pickup_requests())]
                 if self.health_file is not None:
                     tasks.append(asyncio.create_task(self._touch_health()))
+                if self.watch_pauses:
+                    from django_anarchon.contrib.prometheus import watch_pauses
+
+                    tasks.append(asyncio.create_task(watch_pauses(self.schedulers)))
                 await self.stopping.wait()
                 for task in tasks:
                     task.cancel()
@@ -318,7 +328,7 @@ class Worker:
                 scheduler.stop_now()
         self.stopping.set()
 
-    def _banner(self) -> None:
+    async def _banner(self) -> None:
         for scheduler in self.schedulers:
             self.write(
                 f"anarchon worker: scheduler {scheduler.name!r}, "
@@ -326,9 +336,16 @@ class Worker:
             )
             spool = scheduler.owed.spool
             self.write(f"  spool {spool.directory if spool is not None else 'off'}")
+            pauses = await _pauses(scheduler)
+            if pauses is None:
+                self.write("  pauses unknown: the store did not answer (see the log)")
             for info in scheduler.jobs():
                 next_run = info.next_run_at.isoformat() if info.next_run_at else "never"
-                self.write(f"  {info.name:<40} {info.schedule:<40} next run {next_run}")
+                line = f"  {info.name:<40} {info.schedule:<40} next run {next_run}"
+                paused = (pauses or {}).get(info.name)
+                if paused is not None:
+                    line += f"  PAUSED {pause_text(paused, note_width=60)}"
+                self.write(line)
         for line in self.endpoints:
             self.write(line)
         self.write("Press Ctrl+C (SIGINT) or send SIGTERM to stop gracefully.")
@@ -354,6 +371,23 @@ class Worker:
         from django_anarchon.run_requests import pickup_loop
 
         await pickup_loop(self.schedulers)
+
+
+async def _pauses(scheduler: Scheduler) -> dict[str, PauseState] | None:
+    """The paused jobs of ``scheduler`` for the banner (read once), or ``None`` on failure.
+
+    A store that is slow or fails here does not stop a worker that already started.
+    """
+    try:
+        async with asyncio.timeout(BANNER_PAUSES_S):
+            return dict(await scheduler.apauses())
+    except TimeoutError:
+        logger.warning("scheduler %s: the pauses were not read within %ss", scheduler.name,
+                       BANNER_PAUSES_S)
+    except Exception as exc:
+        logger.warning("scheduler %s: the pauses could not be read: %s", scheduler.name,
+                       error_line(exc))
+    return None
 
 
 def _log_runs(scheduler: Scheduler) -> None:
