@@ -364,3 +364,18 @@ async def test_slots_whose_claims_got_no_answer_are_marked_missed_when_the_store
     missed = sorted(slot for slot, fate in fates.items() if fate == "missed:missed")
     assert len(missed) >= 3, fates
     assert all(down_at - 500 <= slot <= up_at for slot in missed), (missed, down_at, up_at)
+
+
+async def test_a_scheduler_that_is_not_running_counts_from_the_store_clock(skew: Any) -> None:
+    """A command's scheduler never started: a pause's "10s" and a backfill's "future" are
+    the store's, not those of a machine whose clock is 5 minutes ahead."""
+    skew(300_000)
+    s = Scheduler(MemoryBackend(clock=real_ms))
+    s.every("j", "1m", _recorder(Calls()))
+    state = await s.apause("j", until="10s")
+    assert state.until is not None and abs(state.until - state.at - 10_000) < 1_000, state
+    await s.aresume("j")
+    # Two minutes ago on this machine is three minutes ahead of the store.
+    end = ms_to_datetime(real_ms() + 180_000)
+    with pytest.raises(ConfigurationError, match="the range ends in the future"):
+        await s.abackfill("j", end - timedelta(minutes=5), end)

@@ -61,10 +61,19 @@ class OperatorMixin:
     ledgers: LedgerKeeper
 
     if TYPE_CHECKING:
+        @property
+        def running(self) -> bool: ...
         def get_job(self, name: str) -> Job: ...
         def registered_jobs(self) -> list[Job]: ...
         async def _ensure_init(self) -> None: ...
         def _sync(self, what: str, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T: ...
+
+    async def _store_now(self, job: str) -> int:
+        """The store's now: a scheduler that is not running (a command, the admin) reads
+        the store's clock first, since its offset is measured only at start."""
+        if not self.running:
+            await self.clock.measure(self.backend.runs, job)
+        return self.clock.now()
 
     def _ledger_store(self, job: str, what: str) -> LedgerStore:
         store = ledger_of(self.backend)
@@ -121,7 +130,7 @@ class OperatorMixin:
                 f"expected text of at most {MAX_BY} characters", job=name, option="by", value=by
             )
         await self._ensure_init()
-        until_ms = self._until(name, until)
+        until_ms = self._until(name, until, await self._store_now(name))
         return await store.pause(name, note, by, until_ms)
 
     def pause(
@@ -131,7 +140,7 @@ class OperatorMixin:
         return self._sync("pause", functools.partial(self.apause, note=note, until=until, by=by),
                           name)
 
-    def _until(self, name: str, until: object) -> int | None:
+    def _until(self, name: str, until: object, now: int) -> int | None:
         if until is None:
             return None
         if isinstance(until, datetime):
@@ -141,10 +150,8 @@ class OperatorMixin:
                 )
             until_ms = datetime_to_ms(until)
         else:
-            until_ms = self.clock.now() + parse_duration(
-                until, job=name, option="until", allow_zero=False
-            )
-        if until_ms <= self.clock.now():
+            until_ms = now + parse_duration(until, job=name, option="until", allow_zero=False)
+        if until_ms <= now:
             raise ConfigurationError(
                 f"is not in the future ({iso(until_ms)})", job=name, option="until", value=until
             )
@@ -213,7 +220,7 @@ class OperatorMixin:
                 value=end,
             )
         await self._ensure_init()
-        now = self.clock.now()
+        now = await self._store_now(name)
         if high > now:
             raise ConfigurationError(
                 f"the range ends in the future ({iso(high)}; the store's now is {iso(now)})",
