@@ -6,6 +6,14 @@ a claim before its slot; the same token again; a live lease) and answers ``'othe
 the rest, which then take the general lock path in ``store.py``. Each is one ``SELECT``
 in autocommit mode: no BEGIN, no COMMIT, one round trip. The ``*_v1`` run functions stay
 installed for the previous release during a rolling deploy; this release never calls them.
+
+The ledger's rules wrap the functions, unchanged, in the same statement: a job whose
+pause is in force (read first, by the server's clock) never reaches the function (a
+``CASE``, or the batch's arrays without it), and takes the lock path, which answers
+``paused`` and writes the mark. A ``late`` or ``overlap`` answer that owes a mark (the
+statement also reads whether the slot has one) is not final either: the function wrote
+nothing that stays, so the lock path decides the claim again and marks it in the same
+transaction.
 """
 
 from __future__ import annotations
@@ -21,15 +29,47 @@ from ..base import ClaimInput, ClaimOutcome, RunClaim
 __all__ = ["claim", "functions_installed", "run_claim", "run_claim_many"]
 
 CLAIM_SQL = "SELECT anarchon_claim_v1(%s, %s, %s, %s)"
+_NOW_MS = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+#: The job's pause is in force, and the slot has a mark (``{job}``, ``{slot}``: SQL).
+_PAUSED = (
+    "EXISTS (SELECT 1 FROM django_anarchon_joblock l WHERE l.job = {job}"
+    " AND l.paused_at_ms IS NOT NULL AND (l.paused_until_ms IS NULL"
+    " OR l.paused_until_ms > " + _NOW_MS + "))"
+)
+_MARKED = (
+    "EXISTS (SELECT 1 FROM django_anarchon_ledgermark m WHERE m.job = {job}"
+    " AND m.slot = {slot})"
+)
+#: A paused job's claim is NULL: the CASE never evaluates the function's branch.
 RUN_CLAIM_SQL = (
-    "SELECT o_kind, o_attempt, o_slot, o_now_ms FROM anarchon_run_claim_v2("
-    "%s::text, %s::bigint, %s::text, %s::text, %s::bigint, %s::text, %s::boolean, "
-    "%s::bigint, %s::bigint, %s::integer)"
+    "SELECT CASE WHEN " + _PAUSED.format(job="%s::text") + " THEN NULL ELSE ("
+    "SELECT ARRAY[f.o_kind, f.o_attempt::text, f.o_slot::text, f.o_now_ms::text]"
+    " FROM anarchon_run_claim_v2(%s::text, %s::bigint, %s::text, %s::text, %s::bigint,"
+    " %s::text, %s::boolean, %s::bigint, %s::bigint, %s::integer) f) END, "
+    + _MARKED.format(job="%s::text", slot="%s::bigint")
+)
+#: The batch's claims of paused jobs are left out of the arrays the function gets (they
+#: come back without a row); ``ns`` maps the function's index back to the batch's.
+_COLUMNS = (
+    ("job", "text"), ("slot", "bigint"), ("token", "text"), ("instance", "text"),
+    ("lease_ms", "bigint"), ("reason", "text"), ("skip", "boolean"), ("late", "bigint"),
+    ("keep", "bigint"), ("attempts", "integer"),
 )
 RUN_CLAIM_MANY_SQL = (
-    "SELECT o_index, o_kind, o_attempt, o_slot, o_now_ms FROM anarchon_run_claim_many_v2("
-    "%s::text[], %s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
-    "%s::boolean[], %s::bigint[], %s::bigint[], %s::integer[])"
+    "WITH i AS MATERIALIZED (SELECT t.*, "
+    + _PAUSED.format(job="t.job") + " AS paused, "
+    + _MARKED.format(job="t.job", slot="t.slot") + " AS marked FROM unnest("
+    + ", ".join(f"%s::{kind}[]" for _, kind in _COLUMNS)
+    + ") WITH ORDINALITY AS t("
+    + ", ".join(name for name, _ in _COLUMNS)
+    + ", n)), o AS MATERIALIZED (SELECT array_agg(n ORDER BY n) AS ns, "
+    "array_agg(marked ORDER BY n) AS marks, "
+    + ", ".join(f"array_agg({name} ORDER BY n) AS a_{name}" for name, _ in _COLUMNS)
+    + " FROM i WHERE NOT paused), r AS MATERIALIZED (SELECT f.* FROM o, "
+    "anarchon_run_claim_many_v2("
+    + ", ".join(f"o.a_{name}" for name, _ in _COLUMNS)
+    + ") f) SELECT o.ns[r.o_index], r.o_kind, r.o_attempt, r.o_slot, r.o_now_ms,"
+    " o.marks[r.o_index] FROM r CROSS JOIN o"
 )
 #: What this release calls; a database migrated only to 0001 lacks the v2 functions, and
 #: every claim then takes the general path.
@@ -89,16 +129,19 @@ def claim(connection: BaseDatabaseWrapper, input: ClaimInput) -> bool:
     return bool(row[0])
 
 
-def _outcome(c: RunClaim, kind: str, attempt: Any, slot: Any, now: Any) -> ClaimOutcome | None:
+def _outcome(
+    c: RunClaim, kind: str, attempt: Any, slot: Any, now: Any, marked: bool
+) -> ClaimOutcome | None:
+    """The function's answer; ``None`` for the lock path, also where a skip owes a mark."""
     if kind == "won":
         return ClaimOutcome.won(int(attempt))
     if kind == "running":
         return ClaimOutcome.running(int(attempt))
-    if kind == "late":
+    if kind == "late" and (marked or c.reason == "catch-up"):
         return ClaimOutcome.late(int(now) - c.slot)
     if kind == "early":
         return ClaimOutcome.early(c.slot - int(now))
-    if kind == "overlap":
+    if kind == "overlap" and marked:
         return ClaimOutcome.overlap(int(slot))
     return None
 
@@ -130,18 +173,19 @@ def run_claim_many(
         ],
     )
     outcomes: list[ClaimOutcome | None] = [None] * len(claims)
-    for index, kind, attempt, slot, now in rows:
+    for index, kind, attempt, slot, now, marked in rows:
         original = order[int(index) - 1]
-        outcomes[original] = _outcome(claims[original], kind, attempt, slot, now)
+        outcomes[original] = _outcome(claims[original], kind, attempt, slot, now, bool(marked))
     return outcomes
 
 
 def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | None:
     """The outcome, or ``None`` when the claim must take the general lock path."""
-    kind, attempt, slot, now = _call(
+    answer, marked = _call(
         connection,
         RUN_CLAIM_SQL,
         [
+            c.job,
             c.job,
             c.slot,
             c.token,
@@ -152,6 +196,11 @@ def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | No
             c.max_late_ms,
             c.keep_ms,
             c.max_attempts,
+            c.job,
+            c.slot,
         ],
     )
-    return _outcome(c, kind, attempt, slot, now)
+    if answer is None:
+        return None  # paused: the function did not run
+    kind, attempt, slot, now = answer
+    return _outcome(c, kind, attempt, slot, now, bool(marked))
