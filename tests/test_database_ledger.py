@@ -159,7 +159,7 @@ def test_fast_path_pause_check_is_in_the_one_statement(postgres_database: str) -
     outcome, trips = count(postgres_database, lambda: store.run_claim(claim(job, now, "a")))
     assert outcome == ClaimOutcome.paused()
     first, auto = trips.statements[0]
-    assert auto and "anarchon_run_claim_v2" in first
+    assert auto and "anarchon_run_claim_v3" in first
     assert trips.transactions == 1 and _mark_in_transaction(trips), trips.statements
     assert not Run.objects.using(postgres_database).filter(job=job).exists()
 
@@ -171,7 +171,7 @@ def test_fast_path_pause_check_is_in_the_one_statement(postgres_database: str) -
     outcomes, trips = count(postgres_database, lambda: store.run_claim_many(batch))
     assert outcomes == [ClaimOutcome.paused(), ClaimOutcome.won(1), ClaimOutcome.won(1)]
     first, auto = trips.statements[0]
-    assert auto and "anarchon_run_claim_many_v2" in first
+    assert auto and "anarchon_run_claim_many_v3" in first
     assert trips.transactions == 1 and _mark_in_transaction(trips), trips.statements
     assert not Run.objects.using(postgres_database).filter(job=job).exists()
 
@@ -315,3 +315,29 @@ def test_too_long_values_are_refused_by_name(alias: str) -> None:
     with pytest.raises(ConfigurationError, match="reason"):
         store.ledger.mark_skipped(job, 1, "r" * 17, "I", 10, None)
     assert not JobLock.objects.using(alias).filter(job=job, paused_at_ms__isnull=False).exists()
+
+
+@pytest.mark.postgres
+def test_v3_wraps_v2_which_stays_for_a_rolling_deploy(postgres_database: str) -> None:
+    """After migrate 0008: v3 answers ``paused`` for a paused job and writes nothing; v2,
+    which the previous release calls, is still there and still claims (it knows no
+    pauses: only this release's instances honour them)."""
+    from django.db import connections
+
+    store = Store(postgres_database)
+    job, now = _job("v3"), store.now_ms()
+    store.ledger.pause(job, "", "op", None)
+    args = [job, now - 1000, "t", "T", 30_000, "scheduled", True, None, 600_000, 1]
+    with connections[postgres_database].cursor() as cursor:
+        cursor.execute(
+            "SELECT o_kind, o_marked FROM anarchon_run_claim_v3(%s, %s, %s, %s, %s, %s, %s, "
+            "%s, %s, %s)",
+            args,
+        )
+        assert cursor.fetchone() == ("paused", False)
+        assert not Run.objects.using(postgres_database).filter(job=job).exists()
+        cursor.execute(
+            "SELECT o_kind FROM anarchon_run_claim_v2(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            args,
+        )
+        assert cursor.fetchone() == ("won",)

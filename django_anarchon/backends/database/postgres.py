@@ -1,19 +1,18 @@
 """PostgreSQL fast paths: one round trip per claim through the migrations' functions.
 
-``anarchon_claim_v1`` (migration 0001) decides ``claim()``; ``anarchon_run_claim_v2``
-(migration 0002) decides the common cases of ``runs.claim()`` (a new run, with the sweep;
+``anarchon_claim_v1`` (migration 0001) decides ``claim()``; ``anarchon_run_claim_v3``
+(migration 0008) decides the common cases of ``runs.claim()`` (a new run, with the sweep;
 a claim before its slot; the same token again; a live lease) and answers ``'other'`` for
 the rest, which then take the general lock path in ``store.py``. Each is one ``SELECT``
-in autocommit mode: no BEGIN, no COMMIT, one round trip. The ``*_v1`` run functions stay
-installed for the previous release during a rolling deploy; this release never calls them.
+in autocommit mode: no BEGIN, no COMMIT, one round trip. The ``*_v1`` and ``*_v2`` run
+functions stay installed for the previous releases during a rolling deploy; this release
+calls v2 only through v3.
 
-The ledger's rules wrap the functions, unchanged, in the same statement: a job whose
-pause is in force (read first, by the server's clock) never reaches the function (a
-``CASE``, or the batch's arrays without it), and takes the lock path, which answers
-``paused`` and writes the mark. A ``late`` or ``overlap`` answer that owes a mark (the
-statement also reads whether the slot has one) is not final either: the function wrote
-nothing that stays, so the lock path decides the claim again and marks it in the same
-transaction.
+v3 is v2 (unchanged) behind the ledger's rules: a job whose pause is in force (by the
+server's clock) never reaches v2 and comes back ``'paused'``, for the lock path to answer
+and mark. A ``late`` or ``overlap`` answer that owes a mark (v3 also says whether the
+slot has one) is not final either: v2 wrote nothing that stays, so the lock path decides
+the claim again and marks it in the same transaction.
 """
 
 from __future__ import annotations
@@ -29,55 +28,23 @@ from ..base import ClaimInput, ClaimOutcome, RunClaim
 __all__ = ["claim", "functions_installed", "run_claim", "run_claim_many"]
 
 CLAIM_SQL = "SELECT anarchon_claim_v1(%s, %s, %s, %s)"
-_NOW_MS = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-#: The job's pause is in force, and the slot has a mark (``{job}``, ``{slot}``: SQL).
-_PAUSED = (
-    "EXISTS (SELECT 1 FROM django_anarchon_joblock l WHERE l.job = {job}"
-    " AND l.paused_at_ms IS NOT NULL AND (l.paused_until_ms IS NULL"
-    " OR l.paused_until_ms > " + _NOW_MS + "))"
-)
-_MARKED = (
-    "EXISTS (SELECT 1 FROM django_anarchon_ledgermark m WHERE m.job = {job}"
-    " AND m.slot = {slot})"
-)
-#: A paused job's claim is NULL: the CASE never evaluates the function's branch.
 RUN_CLAIM_SQL = (
-    "SELECT CASE WHEN " + _PAUSED.format(job="%s::text") + " THEN NULL ELSE ("
-    "SELECT ARRAY[f.o_kind, f.o_attempt::text, f.o_slot::text, f.o_now_ms::text]"
-    " FROM anarchon_run_claim_v2(%s::text, %s::bigint, %s::text, %s::text, %s::bigint,"
-    " %s::text, %s::boolean, %s::bigint, %s::bigint, %s::integer) f) END, "
-    + _MARKED.format(job="%s::text", slot="%s::bigint")
-)
-#: The batch's claims of paused jobs are left out of the arrays the function gets (they
-#: come back without a row); ``ns`` maps the function's index back to the batch's.
-_COLUMNS = (
-    ("job", "text"), ("slot", "bigint"), ("token", "text"), ("instance", "text"),
-    ("lease_ms", "bigint"), ("reason", "text"), ("skip", "boolean"), ("late", "bigint"),
-    ("keep", "bigint"), ("attempts", "integer"),
+    "SELECT o_kind, o_attempt, o_slot, o_now_ms, o_marked FROM anarchon_run_claim_v3("
+    "%s::text, %s::bigint, %s::text, %s::text, %s::bigint, %s::text, %s::boolean, "
+    "%s::bigint, %s::bigint, %s::integer)"
 )
 RUN_CLAIM_MANY_SQL = (
-    "WITH i AS MATERIALIZED (SELECT t.*, "
-    + _PAUSED.format(job="t.job") + " AS paused, "
-    + _MARKED.format(job="t.job", slot="t.slot") + " AS marked FROM unnest("
-    + ", ".join(f"%s::{kind}[]" for _, kind in _COLUMNS)
-    + ") WITH ORDINALITY AS t("
-    + ", ".join(name for name, _ in _COLUMNS)
-    + ", n)), o AS MATERIALIZED (SELECT array_agg(n ORDER BY n) AS ns, "
-    "array_agg(marked ORDER BY n) AS marks, "
-    + ", ".join(f"array_agg({name} ORDER BY n) AS a_{name}" for name, _ in _COLUMNS)
-    + " FROM i WHERE NOT paused), r AS MATERIALIZED (SELECT f.* FROM o, "
-    "anarchon_run_claim_many_v2("
-    + ", ".join(f"o.a_{name}" for name, _ in _COLUMNS)
-    + ") f) SELECT o.ns[r.o_index], r.o_kind, r.o_attempt, r.o_slot, r.o_now_ms,"
-    " o.marks[r.o_index] FROM r CROSS JOIN o"
+    "SELECT o_index, o_kind, o_attempt, o_slot, o_now_ms, o_marked FROM "
+    "anarchon_run_claim_many_v3(%s::text[], %s::bigint[], %s::text[], %s::text[], "
+    "%s::bigint[], %s::text[], %s::boolean[], %s::bigint[], %s::bigint[], %s::integer[])"
 )
-#: What this release calls; a database migrated only to 0001 lacks the v2 functions, and
-#: every claim then takes the general path.
+#: What this release calls; a database not migrated to 0008 lacks the v3 functions, and
+#: every claim then takes the general path (which honours pauses too).
 _SIGNATURES = (
     "anarchon_claim_v1(text, bigint, text, text)",
-    "anarchon_run_claim_v2(text, bigint, text, text, bigint, text, boolean, bigint, bigint,"
+    "anarchon_run_claim_v3(text, bigint, text, text, bigint, text, boolean, bigint, bigint,"
     " integer)",
-    "anarchon_run_claim_many_v2(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
+    "anarchon_run_claim_many_v3(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
     " bigint[], bigint[], integer[])",
 )
 
@@ -132,7 +99,8 @@ def claim(connection: BaseDatabaseWrapper, input: ClaimInput) -> bool:
 def _outcome(
     c: RunClaim, kind: str, attempt: Any, slot: Any, now: Any, marked: bool
 ) -> ClaimOutcome | None:
-    """The function's answer; ``None`` for the lock path, also where a skip owes a mark."""
+    """The function's answer; ``None`` for the lock path: 'other', 'paused' (the lock path
+    writes its mark), and a skip that owes a mark."""
     if kind == "won":
         return ClaimOutcome.won(int(attempt))
     if kind == "running":
@@ -181,11 +149,10 @@ def run_claim_many(
 
 def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | None:
     """The outcome, or ``None`` when the claim must take the general lock path."""
-    answer, marked = _call(
+    kind, attempt, slot, now, marked = _call(
         connection,
         RUN_CLAIM_SQL,
         [
-            c.job,
             c.job,
             c.slot,
             c.token,
@@ -196,11 +163,6 @@ def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | No
             c.max_late_ms,
             c.keep_ms,
             c.max_attempts,
-            c.job,
-            c.slot,
         ],
     )
-    if answer is None:
-        return None  # paused: the function did not run
-    kind, attempt, slot, now = answer
     return _outcome(c, kind, attempt, slot, now, bool(marked))
