@@ -70,7 +70,9 @@ def _rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> list[
     """The rows of a prepared statement on the thread's connection, in one round trip.
 
     A server-binding psycopg cursor with ``prepare=True``: PostgreSQL parses and plans
-    the call once per connection. As through a Django cursor, errors become Django's and
+    the call once per connection, when the connection has prepared statements on
+    (``OPTIONS["prepare_threshold"]``; Django turns them off by default, and psycopg then
+    ignores ``prepare``). As through a Django cursor, errors become Django's and
     ``connection.execute_wrapper()`` wrappers see the statement.
     """
     import psycopg
