@@ -478,15 +478,31 @@ def test_fast_path_round_trips_of_the_new_rules(postgres_database: str) -> None:
     pytest.param(Path("sqlite_database"), id="sqlite"),
 ])
 def test_general_path_early_is_one_statement(path: Path, request: pytest.FixtureRequest) -> None:
-    """The general path answers ``early`` (and ``late``) from its lock-free peek."""
+    """The general path answers ``early`` (and a ``late`` that owes no mark) from its
+    lock-free peek; a ``late`` that owes one takes the lock path, which writes it."""
     from tests.test_database_backend import count
 
     runs = Runs(request.getfixturevalue(path.fixture), path)
 
     job, now = _job("peektrips"), runs.store.now_ms()
+    runs.store.prepare_job(job)
     outcome, trips = count(runs.alias, lambda: runs.claim(job, now + 60_000, "e"))
     assert outcome.kind == "early" and trips.round_trips == 1, trips.statements
+    late = now - 7_200_000
     outcome, trips = count(
-        runs.alias, lambda: runs.claim(job, now - 7_200_000, "l", max_late_ms=60_000)
+        runs.alias, lambda: runs.claim(job, late, "c", max_late_ms=60_000, reason="catch-up")
     )
     assert outcome.kind == "late" and trips.round_trips == 1, trips.statements
+    outcome, trips = count(runs.alias, lambda: runs.claim(job, late, "l", max_late_ms=60_000))
+    assert outcome.kind == "late" and trips.transactions == 1, trips.statements
+    assert _mark_inserted_in_a_transaction(trips.statements)
+    # The slot's mark is there: the next late claimer of it is answered by the peek.
+    outcome, trips = count(runs.alias, lambda: runs.claim(job, late, "m", max_late_ms=60_000))
+    assert outcome.kind == "late" and trips.round_trips == 1, trips.statements
+    assert [m.slot for m in runs.store.ledger.marks(job, None, None, 10)] == [late]
+
+
+def _mark_inserted_in_a_transaction(statements: list[tuple[str, bool]]) -> bool:
+    """The ledger's INSERT went out inside a transaction (not in autocommit)."""
+    inserts = [auto for sql, auto in statements if "INSERT INTO" in sql and "ledgermark" in sql]
+    return len(inserts) == 1 and not inserts[0]

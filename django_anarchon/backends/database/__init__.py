@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, router
@@ -25,8 +25,10 @@ from ..base import (
     ClaimInput,
     ClaimOutcome,
     FinalStatus,
+    PauseState,
     RunClaim,
     RunRecord,
+    SlotMark,
     StoredResult,
     Wakeup,
 )
@@ -167,7 +169,8 @@ class DatabaseBackend(BaseBackend):
 
 
 class DatabaseRunStore:
-    """``backend.runs``: the lease rules of SPEC section 5 on the database server's clock."""
+    """``backend.runs``: the lease rules of SPEC section 5 on the database server's clock,
+    and the ledger and pauses (``LedgerStore``; ``ledger.py``)."""
 
     def __init__(self, backend: DatabaseBackend) -> None:
         self._backend = backend
@@ -208,3 +211,51 @@ class DatabaseRunStore:
     async def active(self, job: str) -> list[ActiveRun]:
         runs: list[ActiveRun] = await self._backend._store_call("active", job)
         return runs
+
+    # -- the ledger and pauses (LedgerStore), in the backend's threads -------------------
+
+    async def _ledger(self, name: str, *args: Any) -> Any:
+        backend = self._backend
+        return await backend._call(lambda: getattr(backend.store().ledger, name)(*args))
+
+    async def marks(
+        self, job: str, since: int | None, until: int | None, limit: int
+    ) -> list[SlotMark]:
+        marks: list[SlotMark] = await self._ledger("marks", job, since, until, limit)
+        return marks
+
+    async def mark_skipped(
+        self, job: str, slot: int, reason: str, instance_id: str,
+        history_size: int, history_ttl_ms: int | None,
+    ) -> bool:
+        return bool(
+            await self._ledger(
+                "mark_skipped", job, slot, reason, instance_id, history_size, history_ttl_ms
+            )
+        )
+
+    async def mark_missed(
+        self, job: str, ranges: Sequence[tuple[int, int, int]], instance_id: str,
+        history_size: int, history_ttl_ms: int | None,
+    ) -> int:
+        return int(
+            await self._ledger(
+                "mark_missed", job, list(ranges), instance_id, history_size, history_ttl_ms
+            )
+        )
+
+    async def pause(self, job: str, note: str, by: str, until: int | None) -> PauseState:
+        state: PauseState = await self._ledger("pause", job, note, by, until)
+        return state
+
+    async def resume(self, job: str) -> PauseState | None:
+        state: PauseState | None = await self._ledger("resume", job)
+        return state
+
+    async def pauses(self, jobs: Sequence[str]) -> dict[str, PauseState]:
+        found: dict[str, PauseState] = await self._ledger("pauses", list(jobs))
+        return found
+
+    async def job_since(self, jobs: Sequence[tuple[str, str]]) -> list[int]:
+        since: list[int] = await self._ledger("job_since", list(jobs))
+        return since

@@ -1,11 +1,18 @@
 """PostgreSQL fast paths: one round trip per claim through the migrations' functions.
 
-``anarchon_claim_v1`` (migration 0001) decides ``claim()``; ``anarchon_run_claim_v2``
-(migration 0002) decides the common cases of ``runs.claim()`` (a new run, with the sweep;
+``anarchon_claim_v1`` (migration 0001) decides ``claim()``; ``anarchon_run_claim_v3``
+(migration 0008) decides the common cases of ``runs.claim()`` (a new run, with the sweep;
 a claim before its slot; the same token again; a live lease) and answers ``'other'`` for
 the rest, which then take the general lock path in ``store.py``. Each is one ``SELECT``
-in autocommit mode: no BEGIN, no COMMIT, one round trip. The ``*_v1`` run functions stay
-installed for the previous release during a rolling deploy; this release never calls them.
+in autocommit mode: no BEGIN, no COMMIT, one round trip. The ``*_v1`` and ``*_v2`` run
+functions stay installed for the previous releases during a rolling deploy; this release
+calls v2 only through v3.
+
+v3 is v2 (unchanged) behind the ledger's rules: a job whose pause is in force (by the
+server's clock) never reaches v2 and comes back ``'paused'``, for the lock path to answer
+and mark. A ``late`` or ``overlap`` answer that owes a mark (v3 also says whether the
+slot has one) is not final either: v2 wrote nothing that stays, so the lock path decides
+the claim again and marks it in the same transaction.
 """
 
 from __future__ import annotations
@@ -22,22 +29,22 @@ __all__ = ["claim", "functions_installed", "run_claim", "run_claim_many"]
 
 CLAIM_SQL = "SELECT anarchon_claim_v1(%s, %s, %s, %s)"
 RUN_CLAIM_SQL = (
-    "SELECT o_kind, o_attempt, o_slot, o_now_ms FROM anarchon_run_claim_v2("
+    "SELECT o_kind, o_attempt, o_slot, o_now_ms, o_marked FROM anarchon_run_claim_v3("
     "%s::text, %s::bigint, %s::text, %s::text, %s::bigint, %s::text, %s::boolean, "
     "%s::bigint, %s::bigint, %s::integer)"
 )
 RUN_CLAIM_MANY_SQL = (
-    "SELECT o_index, o_kind, o_attempt, o_slot, o_now_ms FROM anarchon_run_claim_many_v2("
-    "%s::text[], %s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::text[], "
-    "%s::boolean[], %s::bigint[], %s::bigint[], %s::integer[])"
+    "SELECT o_index, o_kind, o_attempt, o_slot, o_now_ms, o_marked FROM "
+    "anarchon_run_claim_many_v3(%s::text[], %s::bigint[], %s::text[], %s::text[], "
+    "%s::bigint[], %s::text[], %s::boolean[], %s::bigint[], %s::bigint[], %s::integer[])"
 )
-#: What this release calls; a database migrated only to 0001 lacks the v2 functions, and
-#: every claim then takes the general path.
+#: What this release calls; a database not migrated to 0008 lacks the v3 functions, and
+#: every claim then takes the general path (which honours pauses too).
 _SIGNATURES = (
     "anarchon_claim_v1(text, bigint, text, text)",
-    "anarchon_run_claim_v2(text, bigint, text, text, bigint, text, boolean, bigint, bigint,"
+    "anarchon_run_claim_v3(text, bigint, text, text, bigint, text, boolean, bigint, bigint,"
     " integer)",
-    "anarchon_run_claim_many_v2(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
+    "anarchon_run_claim_many_v3(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
     " bigint[], bigint[], integer[])",
 )
 
@@ -63,7 +70,9 @@ def _rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> list[
     """The rows of a prepared statement on the thread's connection, in one round trip.
 
     A server-binding psycopg cursor with ``prepare=True``: PostgreSQL parses and plans
-    the call once per connection. As through a Django cursor, errors become Django's and
+    the call once per connection, when the connection has prepared statements on
+    (``OPTIONS["prepare_threshold"]``; Django turns them off by default, and psycopg then
+    ignores ``prepare``). As through a Django cursor, errors become Django's and
     ``connection.execute_wrapper()`` wrappers see the statement.
     """
     import psycopg
@@ -89,16 +98,20 @@ def claim(connection: BaseDatabaseWrapper, input: ClaimInput) -> bool:
     return bool(row[0])
 
 
-def _outcome(c: RunClaim, kind: str, attempt: Any, slot: Any, now: Any) -> ClaimOutcome | None:
+def _outcome(
+    c: RunClaim, kind: str, attempt: Any, slot: Any, now: Any, marked: bool
+) -> ClaimOutcome | None:
+    """The function's answer; ``None`` for the lock path: 'other', 'paused' (the lock path
+    writes its mark), and a skip that owes a mark."""
     if kind == "won":
         return ClaimOutcome.won(int(attempt))
     if kind == "running":
         return ClaimOutcome.running(int(attempt))
-    if kind == "late":
+    if kind == "late" and (marked or c.reason == "catch-up"):
         return ClaimOutcome.late(int(now) - c.slot)
     if kind == "early":
         return ClaimOutcome.early(c.slot - int(now))
-    if kind == "overlap":
+    if kind == "overlap" and marked:
         return ClaimOutcome.overlap(int(slot))
     return None
 
@@ -130,15 +143,15 @@ def run_claim_many(
         ],
     )
     outcomes: list[ClaimOutcome | None] = [None] * len(claims)
-    for index, kind, attempt, slot, now in rows:
+    for index, kind, attempt, slot, now, marked in rows:
         original = order[int(index) - 1]
-        outcomes[original] = _outcome(claims[original], kind, attempt, slot, now)
+        outcomes[original] = _outcome(claims[original], kind, attempt, slot, now, bool(marked))
     return outcomes
 
 
 def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | None:
     """The outcome, or ``None`` when the claim must take the general lock path."""
-    kind, attempt, slot, now = _call(
+    kind, attempt, slot, now, marked = _call(
         connection,
         RUN_CLAIM_SQL,
         [
@@ -154,4 +167,4 @@ def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | No
             c.max_attempts,
         ],
     )
-    return _outcome(c, kind, attempt, slot, now)
+    return _outcome(c, kind, attempt, slot, now, bool(marked))

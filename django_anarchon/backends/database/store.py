@@ -20,19 +20,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.models import BigIntegerField, Case, F, Q, Value, When
+from django.db.models.constants import OnConflict
 from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
 
-from ...models import BufferedSlot, JobLock, Run, RunAttempt, RunState
+from ...models import BufferedSlot, JobLock, LedgerMark, Run, RunAttempt, RunState
 from ..base import (
     BUFFER_POLICIES,
     CANCELLED,
     DEFAULT_KEEP_MS,
     MIN_KEEP_MS,
+    PAUSABLE_REASONS,
     ActiveRun,
     ClaimInput,
     ClaimOutcome,
@@ -49,6 +52,7 @@ from ..base import (
 )
 from . import postgres
 from .clock import ServerNowMs, now_ms_sql
+from .ledger import PAUSE_COLUMNS, JobRow, Ledger
 
 __all__ = ["Store"]
 
@@ -64,6 +68,8 @@ _RETRIES = 4
 _USED_UP = "lease lapsed; attempts used up"
 #: The policies the PostgreSQL functions decide; the others take the general lock path.
 _FAST_POLICIES = ("skip", "allow")
+#: What the general path's peek leaves to the next step: the insert, or the lock path.
+_Next = Literal["insert", "lock"]
 
 # SQLite has one writer at a time per file. Threads of one process queue on this lock
 # (woken at once) instead of sleeping in SQLite's busy handler; other processes still
@@ -139,6 +145,8 @@ class Store:
         self._write_lock: threading.RLock | None = None
         if self.vendor == "sqlite":
             self._write_lock = _sqlite_lock(str(connections[using].settings_dict["NAME"]))
+        #: The ledger and pauses (``LedgerStore``); the async wrapper calls it.
+        self.ledger = Ledger(self)
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -214,22 +222,51 @@ class Store:
 
         Claims of one job take turns here; claims of different jobs never wait on each other.
         """
+        return self._lock_job_row(job).now
+
+    def _lock_job_row(self, job: str) -> JobRow:
+        """``_lock_job``, also returning the row's pause (read in the same statement)."""
+        locks = JobLock.objects.using(self.using).filter(job=job)
         if self.vendor == "sqlite":
-            if not JobLock.objects.using(self.using).filter(job=job).update(job=F("job")):
+            if not locks.update(job=F("job")):
                 self._create_lock(job)
-            return self.now_ms()
-        locked = (
-            JobLock.objects.using(self.using)
-            .select_for_update()
-            .filter(job=job)
-            .annotate(now=ServerNowMs())
-            .values_list("now", flat=True)
-        )
+        else:
+            locks = locks.select_for_update()
+        locked = locks.annotate(now=ServerNowMs()).values_list("now", *PAUSE_COLUMNS)
         rows = list(locked.all())
         if not rows:
             self._create_lock(job)
             rows = list(locked.all())
-        return int(rows[0])
+        now, *pause = rows[0]
+        return JobRow(int(now), *pause)
+
+    def _lock_jobs(self, jobs: list[str], *fields: str) -> tuple[int, dict[str, tuple[Any, ...]]]:
+        """Lock the rows of ``jobs`` (which exist) in job order; the server's ``now`` and
+        each job's ``fields``. One order for every caller: two never wait in a circle."""
+        locks = JobLock.objects.using(self.using).filter(job__in=jobs)
+        if self.vendor == "sqlite":
+            locks.update(job=F("job"))  # takes the database's write lock first
+        else:
+            locks = locks.select_for_update()
+        rows = list(
+            locks.order_by("job").annotate(now=ServerNowMs()).values_list("job", "now", *fields)
+        )
+        now = max((int(row[1]) for row in rows), default=None)
+        return (self.now_ms() if now is None else now), {row[0]: row[2:] for row in rows}
+
+    def _read_job_row(self, job: str) -> JobRow:
+        """The server's ``now`` and the job's pause, without a lock: one statement."""
+        connection = connections[self.using]
+        quote = connection.ops.quote_name
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {now_ms_sql(self.vendor)}, l.{quote('paused_at_ms')}, "
+                f"l.{quote('paused_until_ms')} FROM (SELECT 1 AS one) d "
+                f"LEFT JOIN {quote(JobLock._meta.db_table)} l ON l.{quote('job')} = %s",
+                [job],
+            )
+            now, paused_at, until = cursor.fetchone()
+        return JobRow(int(now), paused_at, until)
 
     def _create_lock(self, job: str) -> None:
         try:
@@ -259,16 +296,40 @@ class Store:
 
     def prepare_jobs(self, jobs: list[str]) -> None:
         """Many jobs' lock rows: one read of those that exist, one INSERT of the rest."""
+        self._retrying(lambda: self._ensure_locks(jobs))
 
-        def prepare() -> None:
-            locks = JobLock.objects.using(self.using)
-            existing = set(locks.filter(job__in=jobs).values_list("job", flat=True))
-            missing = [JobLock(job=job) for job in dict.fromkeys(jobs) if job not in existing]
-            if missing:
-                with self._single_write():
-                    locks.bulk_create(missing, ignore_conflicts=True)  # a racing start wins
+    def _ensure_locks(self, jobs: list[str]) -> None:
+        locks = JobLock.objects.using(self.using)
+        existing = set(locks.filter(job__in=jobs).values_list("job", flat=True))
+        missing = [job for job in dict.fromkeys(jobs) if job not in existing]
+        if missing:
+            with self._single_write():
+                self._insert_locks(missing)
 
-        self._retrying(prepare)
+    def _insert_locks(self, jobs: list[str]) -> None:
+        """``INSERT`` of (job, created_at) only, ignoring a row a racing start made.
+
+        Not ``bulk_create``: it binds every column, and the nullable pause and
+        fingerprint columns made SQLite split 300 rows into three statements in a
+        transaction; two columns fit ~500 rows in each statement.
+        """
+        connection = connections[self.using]
+        ops, quote = connection.ops, connection.ops.quote_name
+        fields = [JobLock._meta.get_field("job"), JobLock._meta.get_field("created_at")]
+        created = ops.adapt_datetimefield_value(timezone.now())
+        head = (
+            f"{ops.insert_statement(on_conflict=OnConflict.IGNORE)} "
+            f"{quote(JobLock._meta.db_table)} ({quote('job')}, {quote('created_at')}) VALUES "
+        )
+        tail = ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, None, None)
+        size = max(ops.bulk_batch_size(fields, jobs), 1)
+        with connection.cursor() as cursor:
+            for start in range(0, len(jobs), size):
+                batch = jobs[start : start + size]
+                cursor.execute(
+                    head + ", ".join(["(%s, %s)"] * len(batch)) + f" {tail}",
+                    [value for job in batch for value in (job, created)],
+                )
 
     def claim(self, input: ClaimInput) -> bool:
         if self._use_functions():
@@ -482,9 +543,10 @@ class Store:
     # -- RunStore ----------------------------------------------------------------------
 
     def run_claim(self, c: RunClaim) -> ClaimOutcome:
-        if c.mode == "new" and c.overlap not in _FAST_POLICIES:
+        if c.mode == "new" and (c.overlap not in _FAST_POLICIES or c.reason == "backfill"):
             # buffer_*/cancel_other: one transaction under the job's lock decides it all
-            # (the buffer, the cancel and its history record), on every database.
+            # (the buffer, the cancel and its history record), on every database; and a
+            # backfill, whose history must be read in the same transaction.
             return self._retrying(lambda: self._run_claim_locked(c), also_conflicts=True)
         if c.mode == "new" and self._use_functions():
             outcome = self._retrying(lambda: postgres.run_claim(connections[self.using], c))
@@ -495,7 +557,10 @@ class Store:
 
     def run_claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
         """On PostgreSQL, the new runs of the batch in one round trip; the rest one by one."""
-        fresh = [c for c in claims if c.mode == "new" and c.overlap in _FAST_POLICIES]
+        fresh = [
+            c for c in claims
+            if c.mode == "new" and c.overlap in _FAST_POLICIES and c.reason != "backfill"
+        ]
         if len(fresh) < 2 or not self._use_functions():
             return [self.run_claim(c) for c in claims]
         decided = self._retrying(
@@ -518,18 +583,24 @@ class Store:
 
     def _run_claim_generic(self, c: RunClaim) -> ClaimOutcome:
         if c.mode == "new":
-            outcome = self._peek(c) or self._claim_new(c)
-            if outcome is not None:
-                return outcome
+            peeked = self._peek(c)
+            if isinstance(peeked, ClaimOutcome):
+                return peeked
+            if peeked == "insert":
+                outcome = self._claim_new(c)
+                if outcome is not None:
+                    return outcome
         return self._run_claim_locked(c)
 
-    def _peek(self, c: RunClaim) -> ClaimOutcome | None:
+    def _peek(self, c: RunClaim) -> ClaimOutcome | _Next:
         """One read, no lock: ``running``, or for a run that does not exist ``early``/``late``.
 
         Each answer was true when the row was read and changes nothing, so no lock is
         needed; ``running`` still raises the run's ``keep_ms``/``max_attempts`` to the
-        claim's (a rare second statement: only when the job's options grew). ``None``: the
-        insert (or the lock path) decides.
+        claim's (a rare second statement: only when the job's options grew). ``late`` is
+        answered here only when it writes no mark (a catch-up, or the slot's mark is there
+        already); else, and for a paused job, the lock path decides and marks. The read
+        also takes the job's pause and the slot's mark. ``"insert"``: the insert decides.
         """
         connection = connections[self.using]
         quote = connection.ops.quote_name
@@ -540,27 +611,37 @@ class Store:
         )
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT {now_ms_sql(self.vendor)}, {columns} FROM (SELECT 1 AS one) d "
+                f"SELECT {now_ms_sql(self.vendor)}, {columns}, l.{quote('paused_at_ms')}, "
+                f"l.{quote('paused_until_ms')}, m.{quote('id')} FROM (SELECT 1 AS one) d "
                 f"LEFT JOIN {quote(Run._meta.db_table)} r "
-                f"ON r.{quote('job')} = %s AND r.{quote('slot')} = %s",
-                [c.job, c.slot],
+                f"ON r.{quote('job')} = %s AND r.{quote('slot')} = %s "
+                f"LEFT JOIN {quote(JobLock._meta.db_table)} l ON l.{quote('job')} = %s "
+                f"LEFT JOIN {quote(LedgerMark._meta.db_table)} m "
+                f"ON m.{quote('job')} = %s AND m.{quote('slot')} = %s",
+                [c.job, c.slot, c.job, c.job, c.slot],
             )
             row = cursor.fetchone()
-        now, pk, state, token, attempt, lease_until, keep, attempts = row
+        now, pk, state, token, attempt, lease_until, keep, attempts, paused, until, mark = row
         now = int(now)
         if pk is None:
             if now < c.slot:
                 return ClaimOutcome.early(c.slot - now)
+            if c.reason == "backfill" or (
+                c.reason in PAUSABLE_REASONS and JobRow(now, paused, until).pause(c.job)
+            ):
+                return "lock"
             if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
-                return ClaimOutcome.late(now - c.slot)
-            return None
+                if c.reason == "catch-up" or mark is not None:
+                    return ClaimOutcome.late(now - c.slot)
+                return "lock"
+            return "insert"
         if state == RUNNING and token != c.token and lease_until > now:
             if (keep, attempts) != (
                 _grown(keep, c.keep_ms), _grown(attempts, c.max_attempts)
             ):
                 self._grow(pk, c)
             return ClaimOutcome.running(int(attempt))
-        return None
+        return "insert"
 
     def _grow(self, pk: int, c: RunClaim) -> None:
         """Raise a run's ``keep_ms`` and ``max_attempts`` to the claim's; never lower them.
@@ -585,12 +666,17 @@ class Store:
 
         Claimers of one slot wait on the winner's insert, not on each other, and those of
         other slots (with overlap "skip") take turns on the job's lock row before looking
-        for a live run. ``None``: the run exists, or the claim is early or late by now, so
-        the general lock path decides. Nothing is inserted before the slot.
+        for a live run; an ``overlap`` answer writes its mark under that lock. ``None``:
+        the run exists, or the claim is early or late by now, or the job is paused (read
+        in this transaction, before the insert), so the general lock path decides.
+        Nothing is inserted before the slot.
         """
         with self._write():
-            now = self.now_ms()
+            job = self._read_job_row(c.job)
+            now = job.now
             if now < c.slot or (c.max_late_ms is not None and now > c.slot + c.max_late_ms):
+                return None
+            if c.reason in PAUSABLE_REASONS and job.pause(c.job) is not None:
                 return None
             run = Run(
                 job=c.job,
@@ -609,12 +695,14 @@ class Store:
                 with transaction.atomic(using=self.using):
                     run.save(using=self.using, force_insert=True)
             except IntegrityError:
-                return self._peek(c)
+                peeked = self._peek(c)
+                return peeked if isinstance(peeked, ClaimOutcome) else None
             if c.overlap == "skip":
                 locked_now = self._lock_job(c.job)
                 busy = self._sweep(c.job, c.slot, locked_now)
                 if busy is not None:
                     run.delete(using=self.using)
+                    self._mark_skip(c, "overlap", locked_now)
                     return ClaimOutcome.overlap(busy)
             else:
                 self._sweep(c.job, c.slot, now)
@@ -677,11 +765,22 @@ class Store:
 
     def _run_claim_locked(self, c: RunClaim) -> ClaimOutcome:
         with self._write():
-            now = self._lock_job(c.job)
-            return self._decide(c, now)
+            job = self._lock_job_row(c.job)
+            return self._decide(c, job.now, job.pause(c.job) is not None)
 
-    def _decide(self, c: RunClaim, now: int) -> ClaimOutcome:
-        """The lease rules, under the job's lock, with ``now`` from the server."""
+    def _mark_skip(self, c: RunClaim, reason: str, now: int) -> None:
+        """The ``skipped`` mark of a claim's answer, in its transaction, under the job's lock."""
+        self.ledger.skip(
+            c.job, c.slot, reason, c.instance_id, now, c.history_size, c.history_ttl_ms
+        )
+
+    def _decide(self, c: RunClaim, now: int, paused: bool) -> ClaimOutcome:
+        """The lease rules, under the job's lock, with ``now`` from the server.
+
+        ``paused``: the job's pause is in force (read with the lock). A new run of a
+        paused job, or one answered ``late`` (not a catch-up) or ``overlap``, is marked
+        ``skipped`` here, in the same transaction.
+        """
         # Locked too: a heartbeat or a same-token renewal (which take no job lock) waits
         # for this decision, or this decision sees them.
         run: Run | None = (
@@ -704,21 +803,31 @@ class Store:
             return ClaimOutcome.none()
         if now < c.slot:
             return ClaimOutcome.early(c.slot - now)
+        if paused and c.reason in PAUSABLE_REASONS:
+            self._mark_skip(c, "paused", now)
+            return ClaimOutcome.paused()
+        if c.reason == "backfill" and self.ledger.ran(c.job, c.slot):
+            return ClaimOutcome.done()
         buffer = self._buffer(c.job, now) if c.overlap in BUFFER_POLICIES else {}
         queued = c.slot in buffer
         # A buffered slot waited for its turn: that wait never makes it late.
         if not queued and c.max_late_ms is not None and now > c.slot + c.max_late_ms:
+            if c.reason != "catch-up":  # nothing to catch up is not a skip
+                self._mark_skip(c, "late", now)
             return ClaimOutcome.late(now - c.slot)
         live = self._sweep_live(c.job, c.slot, now)
         busy = max(live, default=None)
         cancelled: int | None = None
         if c.overlap == "skip" and busy is not None:
+            self._mark_skip(c, "overlap", now)
             return ClaimOutcome.overlap(busy)
         if c.overlap in BUFFER_POLICIES:
             answer = buffer_answer(c, live, buffer, now)
             if answer is not None:
                 if answer.kind == "buffered":
                     self._hold(c, now, queued)
+                else:
+                    self._mark_skip(c, "overlap", now)
                 return answer
             if queued:  # its turn: the run starts below
                 _delete(BufferedSlot.objects.using(self.using).filter(job=c.job, slot=c.slot))
