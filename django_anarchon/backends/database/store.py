@@ -805,6 +805,8 @@ class Store:
             return ClaimOutcome.early(c.slot - now)
         if paused and c.reason in PAUSABLE_REASONS:
             self._mark_skip(c, "paused", now)
+            # A buffered slot of it waits no more (it would hold the next slot back).
+            _delete(BufferedSlot.objects.using(self.using).filter(job=c.job, slot=c.slot))
             return ClaimOutcome.paused()
         if c.reason == "backfill" and self.ledger.ran(c.job, c.slot):
             return ClaimOutcome.done()
