@@ -34,6 +34,8 @@ __all__ = ["JobRow", "Ledger"]
 _BY_MAX = LedgerMark._meta.get_field("instance_id").max_length or 255
 _REASON_MAX = LedgerMark._meta.get_field("reason").max_length or 16
 _PAUSED_BY_MAX = JobLock._meta.get_field("paused_by").max_length or 150
+#: Most jobs one ``pauses()`` query names (SQLite builds may allow only 999 parameters).
+_CHUNK = 500
 _FINGERPRINT_MAX = JobLock._meta.get_field("schedule_fingerprint").max_length or 64
 #: The pause columns of a ``JobLock`` row, in ``JobRow`` order.
 PAUSE_COLUMNS = ("paused_at_ms", "paused_until_ms", "paused_by", "pause_note")
@@ -230,23 +232,29 @@ class Ledger:
         return self.store._retrying(resume)
 
     def pauses(self, jobs: Sequence[str]) -> dict[str, PauseState]:
-        """One query for all of ``jobs``: the rows paused with no ``until`` or one to come."""
-        if not jobs:
-            return {}
+        """One query per 500 of ``jobs`` (SQLite's bound on parameters): the rows paused
+        with no ``until`` or one to come."""
+        names = list(dict.fromkeys(jobs))
+        found: dict[str, PauseState] = {}
+        for start in range(0, len(names), _CHUNK):
+            chunk = names[start : start + _CHUNK]
 
-        def read() -> dict[str, PauseState]:
-            rows = (
-                JobLock.objects.using(self.using)
-                .filter(job__in=list(dict.fromkeys(jobs)), paused_at_ms__isnull=False)
-                .filter(Q(paused_until_ms__isnull=True) | Q(paused_until_ms__gt=ServerNowMs()))
-                .values_list("job", *PAUSE_COLUMNS)
-            )
-            return {
-                job: PauseState(job=job, note=note or "", by=by or "", at=at, until=until)
-                for job, at, until, by, note in rows
-            }
+            def read(chunk: list[str] = chunk) -> dict[str, PauseState]:
+                rows = (
+                    JobLock.objects.using(self.using)
+                    .filter(job__in=chunk, paused_at_ms__isnull=False)
+                    .filter(
+                        Q(paused_until_ms__isnull=True) | Q(paused_until_ms__gt=ServerNowMs())
+                    )
+                    .values_list("job", *PAUSE_COLUMNS)
+                )
+                return {
+                    job: PauseState(job=job, note=note or "", by=by or "", at=at, until=until)
+                    for job, at, until, by, note in rows
+                }
 
-        return self.store._retrying(read)
+            found.update(self.store._retrying(read))
+        return found
 
     def job_since(self, jobs: Sequence[tuple[str, str]]) -> list[int]:
         """One transaction: the rows locked in job order, one ``UPDATE`` of the new or
