@@ -101,6 +101,8 @@ def test_four_workers_keep_the_ledger_honour_a_pause_and_backfill_once(
     stopped = now_ms()
     workers.stop_all(timeout=60)
     wait_for(_until(now_ms() + 3_000), 10, "three seconds with no worker")
+    for name in [n for n, proc in workers.procs.items() if proc.poll() is not None]:
+        del workers.procs[name]  # stopped for good: only the new ones are waited for
     for name in ("W5", "W6"):
         workers.start(db, name, grace="10s")
     workers.wait_started()
