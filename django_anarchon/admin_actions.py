@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .backends.base import PauseState
     from .engine import Scheduler
 
-__all__ = ["ACTION_TIMEOUT_S", "BackfillForm", "PauseForm", "Refused", "backfill", "pause",
+__all__ = ["ACTION_TIMEOUT_S", "BackfillForm", "NoAnswer", "PauseForm", "Refused", "backfill", "pause",
            "resume"]
 
 T = TypeVar("T")
@@ -44,6 +44,10 @@ MESSAGE_LIMIT = 300
 
 class Refused(Exception):
     """Why an action did not happen, in one line an operator reads."""
+
+
+class NoAnswer(Refused):
+    """The store did not answer within the deadline: the action may still land."""
 
 
 def one_line(text: str) -> str:
@@ -87,7 +91,7 @@ def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     future = history_cache.submit(functools.partial(fn, *args, **kwargs))
     done, _pending = wait_futures([future], timeout=ACTION_TIMEOUT_S)
     if not done:
-        raise Refused(_(
+        raise NoAnswer(_(
             "the store did not answer within %(seconds)ss; reload the page to see whether "
             "it took effect") % {"seconds": f"{ACTION_TIMEOUT_S:g}"})
     failure = future.exception()

@@ -23,6 +23,7 @@ from django.http import (
 )
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
@@ -50,11 +51,22 @@ from .run_requests import file_request
 
 __all__ = ["BACKFILL_PERMISSION", "PAUSE_PERMISSION", "RUN_PERMISSION", "ScheduledJobAdmin"]
 
+StrOrPromise = str | Promise  # a gettext_lazy text
 RUN_PERMISSION = "django_anarchon.run_job"
 PAUSE_PERMISSION = "django_anarchon.pause_job"
 BACKFILL_PERMISSION = "django_anarchon.backfill_job"
 #: How many slots a dry run (or a request's page) lists before "+N".
 PLAN_LISTED = 60
+
+
+def _failed(request: HttpRequest, refused: StrOrPromise, unanswered: StrOrPromise, job: str,
+            exc: actions.Refused) -> None:
+    """One line: an error for a refusal, a warning for a store that did not answer (the
+    action may still have landed)."""
+    if isinstance(exc, actions.NoAnswer):
+        messages.warning(request, unanswered % {"job": job, "error": exc})
+    else:
+        messages.error(request, refused % {"job": job, "error": exc})
 
 
 class ScheduledJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -173,8 +185,8 @@ class ScheduledJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             state = actions.pause(scheduler_of(alias), job, actions.PauseForm(request.POST),
                                   by=request.user.get_username())
         except actions.Refused as exc:
-            messages.error(request, _("Pause of %(job)s refused: %(error)s")
-                           % {"job": job, "error": exc})
+            _failed(request, _("Pause of %(job)s refused: %(error)s"),
+                    _("Pause of %(job)s not confirmed: %(error)s"), job, exc)
         else:
             history_cache.forget(alias, job)
             until = (_("until resumed") if state.until is None else _("until %(when)s") % {
@@ -192,8 +204,8 @@ class ScheduledJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         try:
             state = actions.resume(scheduler_of(alias), job)
         except actions.Refused as exc:
-            messages.error(request, _("Resume of %(job)s refused: %(error)s")
-                           % {"job": job, "error": exc})
+            _failed(request, _("Resume of %(job)s refused: %(error)s"),
+                    _("Resume of %(job)s not confirmed: %(error)s"), job, exc)
             return self._back(request, alias, job)
         history_cache.forget(alias, job)
         if state is None:
@@ -210,13 +222,13 @@ class ScheduledJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return checked
         alias, job = checked
         form = actions.BackfillForm(request.POST)
-        dry_run = request.POST.get("action") != "backfill"  # anything else only looks
+        dry_run = "file" not in request.POST  # the "Backfill" button; anything else looks
         try:
             plan = actions.backfill(scheduler_of(alias), job, form, dry_run=dry_run,
                                     by=request.user.get_username())
         except actions.Refused as exc:
-            messages.error(request, _("Backfill of %(job)s refused: %(error)s")
-                           % {"job": job, "error": exc})
+            _failed(request, _("Backfill of %(job)s refused: %(error)s"),
+                    _("Backfill of %(job)s not confirmed: %(error)s"), job, exc)
             return self._job_page(request, alias, job, form.data)
         values = {"job": job, "count": len(plan.slots), "ran": plan.already_ran,
                   "alias": alias, "id": plan.request_id}

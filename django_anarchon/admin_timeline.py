@@ -41,6 +41,10 @@ SPANS: dict[str, int] = {
 DEFAULT_SPAN = "24h"
 #: The most entries one timeline shows: a busy job's window shrinks to its newest ones.
 LEDGER_LIMIT = 100
+#: The narrowest cell, in percent of the track (3 px of a 1280 px window's track).
+MIN_WIDTH = 0.25
+#: The shortest window, however young the job.
+MIN_SPAN_MS = 60_000
 #: Why a slot was skipped, as the tooltip says it (the store's reason codes).
 SKIP_REASONS = {
     "overlap": "the previous run was still going",
@@ -119,6 +123,10 @@ class Timeline:
     counts: dict[str, int]
 
     @property
+    def since(self) -> str:
+        return _when(self.start)
+
+    @property
     def caption(self) -> str:
         parts = [
             ngettext("%(n)d slot ran", "%(n)d slots ran", self.counts["ran"])
@@ -192,15 +200,16 @@ def build_timeline(
     limit: int = LEDGER_LIMIT,
     backfill_query: str | None = None,
 ) -> Timeline:
-    """The window ``now - span_ms .. now`` (later when ``limit`` entries were read).
+    """The window ``now - span_ms .. now``, from the oldest entry when that is later (a
+    job younger than the window, or ``limit`` entries read), but a minute at least.
 
     ``backfill_query``: the page's query string; given, skipped and missed cells link to
     the page with the backfill form filled for their slots.
     """
     start = now - span_ms
     truncated = len(entries) >= limit
-    if truncated and entries:
-        start = max(start, min(e.slot for e in entries))
+    if entries:  # from the oldest entry: what came before it is not known here
+        start = max(start, min(min(e.slot for e in entries), now - MIN_SPAN_MS))
     span = max(now - start, 1)
     cells: list[Cell] = []
     counts = {"ran": 0, "skipped": 0, "missed": 0}
@@ -220,14 +229,16 @@ def build_timeline(
                 "end": local_input(entry.last_slot, round_up=True),
             })
         css = css_class(entry)
+        # Never narrower than MIN_WIDTH (a slot of a week's window, a run still going at
+        # the right edge), and never past the edge.
+        width = max((right - left) * 100 / span, MIN_WIDTH)
         cells.append(Cell(
-            entry=entry, left=(left - start) * 100 / span,
-            width=max(right - left, 0) * 100 / span, css=css, title=title,
-            backfill_query=query,
+            entry=entry, left=min((left - start) * 100 / span, 100 - width), width=width,
+            css=css, title=title, backfill_query=query,
         ))
         counts[entry.fate] = counts.get(entry.fate, 0) + entry.count
         rows.append(LedgerRow(entry=entry, css=css, when=_range_text(entry), fate=fate,
                               detail=detail))
-    cells.sort(key=lambda c: c.left)  # oldest first in the markup too, as it reads
+    cells.sort(key=lambda c: c.entry.slot)  # oldest first, and the newest on top
     return Timeline(start=start, end=now, cells=tuple(cells), ticks=_ticks(start, now),
                     rows=tuple(rows), truncated=truncated, counts=counts)

@@ -24,7 +24,8 @@ from asgiref.sync import async_to_sync
 from django.test import Client, override_settings
 
 from django_anarchon import admin as anarchon_admin
-from django_anarchon import admin_jobs, every
+from django_anarchon import admin_actions, admin_jobs, every
+from django_anarchon.admin_timeline import MIN_WIDTH
 from django_anarchon.backends.base import PauseState, StoredResult, ms_to_datetime
 from django_anarchon.backends.memory import MemoryBackend, MemoryRunStore
 from django_anarchon.engine import Scheduler
@@ -217,6 +218,17 @@ def test_a_pause_until_a_local_time_is_read_in_the_current_time_zone(pauser: Cli
     assert "until 2099-07-01 10:30:00 EEST" in page and state.note == ""
 
 
+def test_a_pause_until_a_time_a_clock_change_skips_is_refused(pauser: Client) -> None:
+    """03:30 on 2099-03-29 never happens in Athens (the clocks go from 03:00 to 04:00)."""
+    with override_settings(TIME_ZONE="Europe/Athens"):
+        post(pauser, PAUSE_URL, {"scheduler": "default", "job": "reports.daily",
+                                 "until": "2099-03-29T03:30"})
+        (message,) = messages(pauser.get(JOBS_URL).content.decode(), "error")
+        assert message.startswith("Pause of reports.daily refused: until: 2099-03-29 03:30:00 "
+                                  "couldn\u2019t be interpreted in time zone Europe/Athens"), message
+        assert schedulers["default"].pauses() == {}
+
+
 @pytest.mark.parametrize(("fields", "says"), [
     ({"until": "2001-01-01T00:00"},
      "until = 2001-01-01 00:00:00 UTC: is not in the future (2001-01-01T00:00:00+00:00)"),
@@ -234,6 +246,34 @@ def test_a_refused_pause_says_why_in_one_line(pauser: Client, fields: dict[str, 
     assert message.startswith("Pause of reports.daily refused: ") and says in message, message
     assert "\n" not in message and "Traceback" not in message
     assert schedulers["default"].pauses() == {}
+
+
+def test_a_store_that_fails_or_hangs_on_a_pause_is_said_in_one_redacted_line(
+    pauser: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def down(self: MemoryRunStore, *args: Any) -> PauseState:
+        raise ConnectionError("redis://ops:hunter2@cache:6379 refused\nTraceback: x")
+
+    monkeypatch.setattr(MemoryRunStore, "pause", down)
+    post(pauser, PAUSE_URL, {"scheduler": "default", "job": "reports.daily", "note": "x"})
+    page = pauser.get(JOBS_URL).content.decode()
+    assert messages(page, "error") == [
+        "Pause of reports.daily refused: ConnectionError: redis://ops:***@cache:6379 refused "
+        "Traceback: x"]
+    assert "hunter2" not in page
+
+    async def hangs(self: MemoryRunStore, *args: Any) -> PauseState:
+        await asyncio.sleep(2)
+        raise AssertionError("the admin waited for it")
+
+    monkeypatch.setattr(MemoryRunStore, "pause", hangs)
+    monkeypatch.setattr(admin_actions, "ACTION_TIMEOUT_S", 0.2)
+    started = time.monotonic()
+    post(pauser, PAUSE_URL, {"scheduler": "default", "job": "reports.daily"})
+    assert time.monotonic() - started < 1.5
+    assert messages(pauser.get(JOBS_URL).content.decode(), "warning") == [
+        "Pause of reports.daily not confirmed: the store did not answer within 0.2s; reload "
+        "the page to see whether it took effect"]
 
 
 def test_a_store_without_a_ledger_offers_no_pause_and_refuses_one(pauser: Client) -> None:
@@ -385,17 +425,17 @@ def test_the_timeline_shows_every_fate_on_a_time_axis(viewer: Client) -> None:
     assert missed["count"] == 3 and missed["title"] == (
         f"{when(ms_to_datetime(base + 180_000))} to {when(ms_to_datetime(base + 300_000))}"
         " · 3 slots missed · nobody claimed them · noted by web-3")
-    # On the axis: each slot as wide as its minute, a missed range as wide as its three,
-    # consecutive slots touching, the 12 minutes since the last slot empty track.
-    minute = 100 / 60
+    # On the axis, from the oldest entry to now: each slot as wide as its minute, a
+    # missed range as wide as its three, consecutive slots touching, and the 12 minutes
+    # since the last slot empty track.
+    minute = ok_cell["width"]
+    assert 100 / 21 < minute <= 100 / 20 and ok_cell["left"] == 0
     assert all(c["width"] == pytest.approx(minute, abs=0.01) for c in found if c is not missed)
     assert missed["width"] == pytest.approx(3 * minute, abs=0.01)
     for one, two in itertools.pairwise(found):
         assert one["left"] + one["width"] == pytest.approx(two["left"], abs=0.01)
-    assert paused["left"] + paused["width"] < 100 - 11 * minute
-    # the first slot 20 minutes (and a few seconds) before now, the right edge
-    assert 100 - 21 * minute < ok_cell["left"] <= 100 - 20 * minute
-    assert "4 slots ran" not in page and "3 slots ran, 2 skipped, 3 missed" in page
+    assert paused["left"] + paused["width"] == pytest.approx(8 * minute, abs=0.01)
+    assert f"Since {when(ms_to_datetime(base))}: 3 slots ran, 2 skipped, 3 missed." in page
     # The compact table below: one row per entry, newest first.
     table = page[page.index('id="anarchon-ledger"'):]
     table = table[: table.index("</table>")]
@@ -404,10 +444,16 @@ def test_the_timeline_shows_every_fate_on_a_time_axis(viewer: Client) -> None:
     assert "3 slots missed" in table and "skipped: overlap" in table
     # A viewer cannot backfill: the cells link nowhere.
     assert all(c["href"] is None for c in found)
-    # The 24 h window has the same cells, narrower.
-    wide = cells(viewer.get(page_url(MINUTELY)).content.decode())
-    assert [c["fate"] for c in wide] == [c["fate"] for c in found]
-    assert wide[3]["width"] == pytest.approx(3 * 100 / 1440, abs=0.01)
+    # A slot missed 23 hours ago: outside the last hour, at the left edge of the last 24
+    # hours, the recent slots at the right edge (as narrow as a cell gets), nothing between.
+    async_to_sync(schedulers["default"].backend.runs.mark_missed)(
+        MINUTELY, [(base - 23 * 3_600_000, base - 23 * 3_600_000, 1)], "web-3", 100, None)
+    assert [c["fate"] for c in cells(viewer.get(page_url(MINUTELY, span="1h")).content.decode())
+            ] == [c["fate"] for c in found]
+    day = cells(viewer.get(page_url(MINUTELY)).content.decode())
+    assert [c["fate"] for c in day] == ["missed", *(c["fate"] for c in found)]
+    assert day[0]["left"] == 0 and day[1]["left"] > 98
+    assert {c["width"] for c in day if c["count"] == 1} == {MIN_WIDTH}
 
 
 def test_a_busy_job_shows_its_newest_entries(viewer: Client) -> None:
@@ -470,7 +516,7 @@ def test_without_the_permission_there_is_no_backfill_form_and_a_post_is_refused(
     page = pauser.get(page_url(MINUTELY)).content.decode()
     assert 'id="anarchon-backfill-form"' not in page and BACKFILL_URL not in page
     data = {"scheduler": "default", "job": MINUTELY, "start": local(base),
-            "end": local(base + 420_000), "max": "100", "overlap": "skip", "action": "backfill"}
+            "end": local(base + 420_000), "max": "100", "overlap": "skip", "file": "Backfill"}
     assert post(pauser, BACKFILL_URL, data).status_code == 403
     assert not BackfillRequest.objects.exists()
 
@@ -479,7 +525,7 @@ def test_a_backfill_without_the_csrf_token_is_refused(filler: Client) -> None:
     base = write_ledger()
     response = filler.post(BACKFILL_URL, {
         "scheduler": "default", "job": MINUTELY, "start": local(base),
-        "end": local(base + 420_000), "action": "backfill"})
+        "end": local(base + 420_000), "file": "Backfill"})
     assert response.status_code == 403 and b"CSRF" in response.content
     assert not BackfillRequest.objects.exists()
     assert filler.get(BACKFILL_URL).status_code == 405
@@ -489,7 +535,7 @@ def test_a_dry_run_lists_the_slots_it_would_run(filler: Client) -> None:
     base = write_ledger()
     response = post(filler, BACKFILL_URL, {
         "scheduler": "default", "job": MINUTELY, "start": local(base),
-        "end": local(base + 420_000), "max": "100", "overlap": "skip", "action": "dry-run",
+        "end": local(base + 420_000), "max": "100", "overlap": "skip", "dry_run": "Dry run",
         "span": "1h"}, page=page_url(MINUTELY))
     assert response.status_code == 200
     page = response.content.decode()
@@ -511,7 +557,7 @@ def test_a_backfill_files_a_request_the_page_follows(filler: Client) -> None:
     base = write_ledger()
     response = post(filler, BACKFILL_URL, {
         "scheduler": "default", "job": MINUTELY, "start": local(base + 120_000),
-        "end": local(base + 300_000), "max": "10", "overlap": "allow", "action": "backfill"})
+        "end": local(base + 300_000), "max": "10", "overlap": "allow", "file": "Backfill"})
     assert response.status_code == 302 and response["Location"] == page_url(MINUTELY)
     request = BackfillRequest.objects.get()
     assert (request.scheduler, request.job, request.requested_by, request.overlap) == (
@@ -544,7 +590,7 @@ def test_a_refused_backfill_says_why_in_one_line(filler: Client, fields: dict[st
                                                  says: str) -> None:
     base = write_ledger()
     data = {"scheduler": "default", "job": MINUTELY, "start": local(base),
-            "end": local(base + 420_000), "max": "100", "overlap": "skip", "action": "backfill"}
+            "end": local(base + 420_000), "max": "100", "overlap": "skip", "file": "Backfill"}
     data.update(fields)
     end_ms = None
     if data["end"].startswith(("+", "-")):
@@ -573,7 +619,7 @@ def test_a_paused_job_is_not_backfilled(filler: Client) -> None:
     schedulers["default"].pause(MINUTELY, by="ops")
     response = post(filler, BACKFILL_URL, {
         "scheduler": "default", "job": MINUTELY, "start": local(base),
-        "end": local(base + 420_000), "action": "dry-run"}, page=page_url(MINUTELY))
+        "end": local(base + 420_000), "dry_run": "Dry run"}, page=page_url(MINUTELY))
     (message,) = messages(response.content.decode(), "error")
     assert message == f"Backfill of {MINUTELY} refused: is paused: resume it before a backfill"
 
