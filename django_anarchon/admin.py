@@ -31,7 +31,8 @@ from .admin_format import (
     format_when,
     status_badge,
 )
-from .admin_jobs import BackfillRow, collect_sections, history_cache
+from .admin_job_page import BackfillRow
+from .admin_jobs import collect_sections, history_cache
 from .admin_pages import PLAN_LISTED, ScheduledJobAdmin
 from .backends.base import ms_to_datetime
 from .models import BackfillRequest, EnqueuedTask, Run, RunAttempt, RunRequest, ScheduledJob

@@ -30,15 +30,14 @@ from django.utils.translation import ngettext
 from . import admin_actions as actions
 from . import conf
 from .admin_format import format_when
+from .admin_job_page import backfill_rows, read_job_page
 from .admin_jobs import (
     STRIP_LENGTH,
-    backfill_rows,
     collect_sections,
     history_cache,
     history_query,
     pause_text,
     pending_requests,
-    read_job_page,
     scheduler_of,
 )
 from .admin_timeline import SPANS, parse_span
