@@ -1,7 +1,8 @@
 """Settings of the web server and worker subprocesses that tests/test_browser.py drives.
 
 A file SQLite database (shared by the server, the worker and nothing else) and the
-database backend, so a "Run now" filed by the web process is run by the worker.
+database backend, so a "Run now" filed by the web process is run by the worker; and a
+memory scheduler autostarted in the web process, whose store keeps a ledger.
 """
 
 import os
@@ -25,4 +26,10 @@ DATABASES = {
 }
 ANARCHON = {
     "default": {"BACKEND": "django_anarchon.backends.database.DatabaseBackend", "LEASE": "10s"},
+    # A store with a ledger in the web process itself (the worker runs only "default"):
+    # what the browser test pauses, resumes and dry-runs a backfill of.
+    "ops": {
+        "BACKEND": "django_anarchon.backends.memory.MemoryBackend", "AUTOSTART": True,
+        "INSTANCE_ID": "web-ops", "LEASE": "5s",
+    },
 }

@@ -19,7 +19,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
 from django_anarchon import admin as anarchon_admin
-from django_anarchon import cron, every
+from django_anarchon import admin_jobs, cron, every
 from django_anarchon.backends.base import RunRecord
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.handler import schedulers
@@ -190,7 +190,7 @@ def test_status_strip_is_capped_at_twenty(viewer: Client) -> None:
 
 
 def test_a_slow_store_does_not_hang_the_page(viewer: Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(anarchon_admin, "READ_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(admin_jobs, "READ_TIMEOUT_S", 0.3)
     SlowHistoryBackend.delay_s = 2.0
     started = time.monotonic()
     response = viewer.get(JOBS_URL)

@@ -1,8 +1,11 @@
-"""The admin in a real browser: login, Run now, and every page of the app at 1280 px.
+"""The admin in a real browser: login, Run now, pause and resume, the timeline, a backfill
+dry run, and every page of the app at 1280 px.
 
 Debian's Chromium driven by Playwright (never a downloaded browser). The web server and
 a worker run as subprocesses on one SQLite file, so the run request really travels
-from the web process to the worker. The history is seeded as an hour of a shop leaves
+from the web process to the worker. The pause, the timeline and the backfill are those of
+``ops.sync``, a job of a memory scheduler the web process autostarts (its store keeps a
+ledger). The history is seeded as an hour of a shop leaves
 it (tests/browserapp: an every-5s job with failures, a long job name). Every page is
 screenshotted into ``.tmp/screenshots/`` (not committed) and checked for clipped
 columns. ``scripts/setup-browser.sh`` installs what it needs; under CI a missing browser
@@ -38,6 +41,7 @@ CHROMIUM_ARGS = [
 JOB = "testapp.hourly_cleanup"
 HEARTBEAT = "shop.heartbeat"
 LONG_NAME = "reports.quarterly_revenue_reconciliation_for_every_region_and_currency"
+OPS_JOB = "ops.sync"
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +97,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     processes: list[tuple[subprocess.Popen[bytes], BinaryIO]] = []
     for name, args in (
         ("server", ["runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks"]),
-        ("worker", ["anarchon_worker", "--instance-id", "browser-worker", "--grace", "2s"]),
+        ("worker", ["anarchon_worker", "--instance-id", "browser-worker", "--grace", "2s",
+                    "--scheduler", "default"]),
     ):
         log = open(work / f"{name}.log", "wb")  # noqa: SIM115 (closed below)
         processes.append((
@@ -271,6 +276,9 @@ def test_every_admin_page_fits_1280px(site: str, page: Any) -> None:
     problems += [f"job-history (open): {p}" for p in page.evaluate(CLIPPING)]
     problems += _look(page, f"{admin}/scheduledjob/history/?scheduler=default&job={LONG_NAME}",
                       "job-history-long-name")
+    # The heartbeat's timeline: its seeded hour, then what the worker ran.
+    page.goto(history)
+    expect(page.locator("#anarchon-timeline .anarchon-slot").first).to_be_visible()
 
     # Run attempts: the list, the failures, a failure's page.
     problems += _look(page, f"{admin}/runattempt/", "run-attempts")
@@ -280,10 +288,105 @@ def test_every_admin_page_fits_1280px(site: str, page: Any) -> None:
     problems += _look(page, page.url, "run-attempt")
     expect(page.locator(".object-tools")).to_have_count(0)  # no "History" of a record
 
-    # Run leases and run requests: lists and a row's page.
-    for model, name in (("run", "run-leases"), ("runrequest", "run-requests")):
+    # Run leases, run requests and backfill requests: lists and a row's page.
+    for model, name in (("run", "run-leases"), ("runrequest", "run-requests"),
+                        ("backfillrequest", "backfill-requests")):
         problems += _look(page, f"{admin}/{model}/", name)
         page.locator("#result_list tbody tr th a").first.click()
         problems += _look(page, page.url, name.removesuffix("s"))
         expect(page.locator(".object-tools")).to_have_count(0)
+    assert not problems, "\n".join(problems)
+
+
+def _reload_until(page: Any, url: str, done: Callable[[], bool], what: str,
+                  timeout: float = 30.0) -> None:
+    """The pages are read once: load ``url`` again until ``done()``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        page.goto(url)
+        if done():
+            return
+        assert time.monotonic() < deadline, f"gave up after {timeout:.0f}s waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_pause_resume_the_timeline_and_a_backfill_dry_run(site: str, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    jobs = f"{site}/admin/django_anarchon/scheduledjob/"
+    job_page = f"{jobs}history/?scheduler=ops&job={OPS_JOB}&span=1h"
+    slots = page.locator("#anarchon-timeline .anarchon-slot")
+    ran = page.locator('#anarchon-timeline .anarchon-slot[data-fate="ran"]')
+    _reload_until(page, job_page, lambda: ran.count() >= 2, "two runs on the timeline")
+    expect(page.locator("#anarchon-pause")).to_contain_text("Runs on its schedule")
+
+    # Pause from the Jobs page: the menu's note and duration, then the badge.
+    page.goto(jobs)
+    row = page.locator(f'tr[data-job="{OPS_JOB}"]')
+    row.get_by_label(f"Pause {OPS_JOB}…").click()
+    row.locator('input[name="note"]').fill("browser test: <deploy> 4.2")
+    row.locator('input[name="duration"]').fill("1h")
+    page.screenshot(path=str(SCREENSHOTS / "jobs-pause-menu.png"), full_page=True)
+    problems = [f"jobs (pause menu open): {p}" for p in page.evaluate(CLIPPING)]
+    row.get_by_role("button", name=f"Pause {OPS_JOB}", exact=True).click()
+    expect(page.locator("ul.messagelist")).to_contain_text(
+        f"Paused: {OPS_JOB} skips its slots on every instance of scheduler 'ops' until 20")
+    row = page.locator(f'tr[data-job="{OPS_JOB}"]')
+    expect(row.locator(".anarchon-status.anarchon-paused")).to_have_text("paused")
+    expect(row.locator(".anarchon-pause-note")).to_contain_text("by admin")
+    expect(row.locator(".anarchon-pause-note")).to_contain_text("browser test: <deploy> 4.2")
+    expect(row.get_by_role("button", name=f"Resume {OPS_JOB}")).to_be_visible()
+    problems += _look(page, jobs, "jobs-paused")
+
+    # The paused slots show on the timeline as skipped, with why.
+    skipped = page.locator('#anarchon-timeline .anarchon-slot[data-fate="skipped"]')
+    _reload_until(page, job_page, lambda: skipped.count() >= 2, "slots skipped while paused")
+    assert "skipped: paused" in (skipped.first.get_attribute("title") or "")
+    expect(page.locator("#anarchon-pause")).to_contain_text("browser test: <deploy> 4.2")
+
+    # Resume on the job's page; the job runs again.
+    page.get_by_role("button", name="Resume", exact=True).click()
+    expect(page.locator("ul.messagelist")).to_contain_text(f"Resumed: {OPS_JOB} runs again")
+    expect(page.locator("#anarchon-pause")).to_have_attribute("data-paused", "no")
+
+    def ran_after_the_pause() -> bool:
+        fates = [slots.nth(i).get_attribute("data-fate") for i in range(slots.count())]
+        return "skipped" in fates and fates[-1] == "ran" and "ran" in fates[
+            fates.index("skipped"):]
+
+    _reload_until(page, job_page, ran_after_the_pause, "a run after the resume")
+    page.locator("details.anarchon-ledger-table summary").click()
+    rows = page.locator("#anarchon-ledger tbody tr")
+    expect(rows.first).to_be_visible()
+    assert rows.count() == slots.count()
+    expect(page.locator('#anarchon-ledger tr[data-fate="skipped"]').first).to_contain_text(
+        "skipped: paused")
+    problems += _look(page, page.url, "job-timeline")
+    # The cells sit on a time axis, in order, within the track.
+    boxes = [slots.nth(i).bounding_box() for i in range(slots.count())]
+    track = page.locator("#anarchon-timeline .anarchon-track").bounding_box()
+    assert all(b is not None and b["x"] >= track["x"] - 1 for b in boxes)
+    assert all(b is not None and b["x"] + b["width"] <= track["x"] + track["width"] + 1
+               for b in boxes)
+    lefts = [b["x"] for b in boxes if b is not None]
+    assert lefts == sorted(lefts), "the cells are not in time order"
+
+    # A skipped slot fills the backfill form; the dry run lists what would run.
+    skipped.first.click()
+    form = page.locator("#anarchon-backfill-form")
+    assert form.locator('input[name="start"]').input_value()
+    form.get_by_role("button", name="Dry run").click()
+    expect(page.locator("ul.messagelist")).to_contain_text(
+        f"Dry run: a backfill of {OPS_JOB} would run 1 slot")
+    expect(page.locator("ul.messagelist")).to_contain_text("Nothing was filed.")
+    expect(page.locator("#anarchon-plan li")).to_have_count(1)
+    page.screenshot(path=str(SCREENSHOTS / "job-backfill-dry-run.png"), full_page=True)
+    problems += [f"job (dry run): {p}" for p in page.evaluate(CLIPPING)]
+    # A range that ends in the future is refused in one line, and nothing is filed.
+    form.locator('input[name="end"]').fill("2099-01-01T00:00:00")
+    form.get_by_role("button", name="Backfill", exact=True).click()
+    error = page.locator("ul.messagelist li.error")
+    expect(error).to_contain_text(f"Backfill of {OPS_JOB} refused: to = 2099-01-01 00:00:00")
+    expect(error).to_contain_text("the range ends in the future")
+    expect(page.locator("#anarchon-backfills")).to_have_count(0)
     assert not problems, "\n".join(problems)

@@ -305,3 +305,40 @@ def test_the_admin_links_a_run_to_its_task_result(task_scheduler: str) -> None:
     assert client.get(f"/admin/django_tasks_database/dbtaskresult/{row.id}/change/").status_code == 200
     records = client.get("/admin/django_anarchon/enqueuedtask/", {"q": name}).content.decode()
     assert str(row.id) in records and "enqueued" in records
+
+
+@pytest.mark.django_db
+def test_the_jobs_page_reads_the_tasks_of_every_last_run_in_one_query() -> None:
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from django_anarchon.admin import history_cache
+    from django_anarchon.handler import schedulers
+    from django_anarchon.registry import registry
+
+    saved = (registry._functions, registry._classes, registry._names)
+    registry._functions, registry._classes, registry._names = {}, {}, {}
+    names = [_name(f"listed-{i}") for i in range(3)]
+    for name in names:
+        every("1h", name=name)(tasks.report)
+    history_cache.forget()
+    try:
+        with override_settings(ANARCHON={"default": {
+            "BACKEND": "django_anarchon.backends.memory.MemoryBackend", "INSTANCE_ID": "web"
+        }}):
+            for name in names:
+                schedulers["default"].run_now(name)
+            client = Client()
+            client.force_login(User.objects.create_superuser("root-tasks-many"))
+            with CaptureQueriesContext(connection) as queries:
+                page = client.get("/admin/django_anarchon/scheduledjob/").content.decode()
+    finally:
+        registry._functions, registry._classes, registry._names = saved
+        history_cache.forget()
+    reads = [q["sql"] for q in queries if "django_anarchon_enqueuedtask" in q["sql"]]
+    assert len(reads) == 1, reads
+    for name in names:
+        (row,) = _rows(name, "default")
+        assert f'href="/admin/django_tasks_database/dbtaskresult/{row.id}/change/"' in page

@@ -1,4 +1,6 @@
-"""Jobs like a shop's: a heartbeat every 5 s that sometimes fails, and a long name."""
+"""Jobs like a shop's: a heartbeat every 5 s that sometimes fails, a long name, and a job
+of the ``ops`` scheduler (the memory store, autostarted in the web process: it has a
+ledger, so the browser test pauses it, reads its timeline and dry-runs a backfill)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from django_anarchon import every
 
 HEARTBEAT = "shop.heartbeat"
 LONG_NAME = "reports.quarterly_revenue_reconciliation_for_every_region_and_currency"
+OPS_JOB = "ops.sync"
 
 _calls = itertools.count(1)
 
@@ -22,3 +25,8 @@ def heartbeat(ctx: object) -> None:
 @every("1h", name=LONG_NAME)
 def reconcile(ctx: object) -> None:
     """Does nothing; its name is what the admin has to lay out."""
+
+
+@every("2s", name=OPS_JOB, scheduler="ops")
+def sync(ctx: object) -> None:
+    """Does nothing, every 2 s, in the web process."""

@@ -9,7 +9,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from django_anarchon.engine.calls import error_text
-from django_anarchon.models import Run, RunAttempt, RunRequest
+from django_anarchon.models import BackfillRequest, Run, RunAttempt, RunRequest
 
 from .jobs import HEARTBEAT, LONG_NAME
 
@@ -63,3 +63,17 @@ def seed(runs: int = 40) -> None:
             claimed_by="web-1", claimed_at=request.requested_at + timedelta(milliseconds=640),
             slot=now_ms - 600_000 * (index + 1),
         )
+    # A finished backfill of the heartbeat, and one waiting for a job no worker has.
+    slots = [last_slot - 3_600_000 + i * 5000 for i in range(12)]
+    done = BackfillRequest.objects.create(
+        scheduler="default", job=HEARTBEAT, start_ms=slots[0], end_ms=slots[-1], slots=slots,
+        overlap="skip", requested_by="alice", done=12, claimed_by="web-2",
+    )
+    BackfillRequest.objects.filter(pk=done.pk).update(
+        claimed_at=done.requested_at + timedelta(seconds=3),
+        finished_at=done.requested_at + timedelta(seconds=4),
+    )
+    BackfillRequest.objects.create(
+        scheduler="default", job=ORPHAN, start_ms=now_ms - 86_400_000, end_ms=now_ms - 3_600_000,
+        slots=[now_ms - 86_400_000], overlap="allow", requested_by="bob",
+    )
