@@ -173,7 +173,8 @@ async def test_arun_now_and_the_sync_twin_refused_on_the_loop() -> None:
     try:
         record = await s.arun_now("report", data=[1, 2])
         assert record.manual and record.attempt == 1 and record.reason == "manual"
-        assert calls.items[-1]["data"] == [1, 2]
+        # The hourly slot may fall due while the test runs: only the manual call counts.
+        assert calls.where(manual=True)[-1]["data"] == [1, 2]
         with pytest.raises(RuntimeError, match="arun_now"):
             s.run_now("report")
         assert (await s.alast_run("report")) == record
