@@ -3,6 +3,8 @@
 * ``unavailable(reason)``: a server the tests need is missing: fail under CI, skip
   (loudly) elsewhere.
 * ``wait_for(condition, timeout, what)``: poll until true, never sleep-and-hope.
+* ``fresh_registry(anarchon)``: an empty job registry (and ``ANARCHON`` settings) for a
+  block, the process-global one restored afterwards.
 * ``WorkerGroup``: real ``anarchon_worker`` subprocesses with a log file each.
 * ``run_workers_and_count(...)``: the multi-process exactly-once scenario on any store
   whose test jobs append "job slot" to ``$ANARCHON_TEST_OUT/<instance>.txt``.
@@ -33,6 +35,31 @@ def unavailable(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"CI: {reason}", pytrace=False)
     pytest.skip(f"SKIPPED, NOT TESTED: {reason}")
+
+
+@contextmanager
+def fresh_registry(anarchon: dict[str, Any] | None = None) -> Iterator[None]:
+    """An empty job registry for the block, under ``ANARCHON = anarchon`` when given.
+
+    The process-global registry and the admin's history cache are restored (emptied)
+    afterwards, so that the jobs a test module registers never leak into another."""
+    from django.test import override_settings
+
+    from django_anarchon.admin import history_cache
+    from django_anarchon.registry import registry
+
+    saved = (registry._functions, registry._classes, registry._names)
+    registry._functions, registry._classes, registry._names = {}, {}, {}
+    history_cache.forget()
+    try:
+        if anarchon is None:
+            yield
+        else:
+            with override_settings(ANARCHON=anarchon):
+                yield
+    finally:
+        registry._functions, registry._classes, registry._names = saved
+        history_cache.forget()
 
 
 def reachable(host: str, port: int, timeout: float = 1.0) -> bool:

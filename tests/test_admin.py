@@ -18,15 +18,15 @@ from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
-from django_anarchon import admin as anarchon_admin
 from django_anarchon import admin_jobs, cron, every
 from django_anarchon.backends.base import RunRecord
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.handler import schedulers
 from django_anarchon.models import Run, RunAttempt, RunRequest
 from django_anarchon.redact import describe_backend
-from django_anarchon.registry import registry
 from django_anarchon.run_requests import claim_requests, run_request
+
+from .support import fresh_registry
 
 pytestmark = pytest.mark.django_db
 
@@ -61,19 +61,14 @@ def boom(ctx: Any) -> None:
 @pytest.fixture(autouse=True)
 def jobs() -> Iterator[None]:
     """Two schedulers with known jobs; the process-global registry is restored afterwards."""
-    saved = (registry._functions, registry._classes, registry._names)
-    registry._functions, registry._classes, registry._names = {}, {}, {}
-    every("1h", name="reports.daily")(ok)
-    every("1h", name="reports.flaky", max_attempts=1)(boom)
-    every("10m", name="mail.digest", scheduler="second")(ok)
-    anarchon_admin.history_cache.forget()
-    try:
-        with override_settings(ANARCHON=TWO_SCHEDULERS):
+    with fresh_registry(TWO_SCHEDULERS):
+        every("1h", name="reports.daily")(ok)
+        every("1h", name="reports.flaky", max_attempts=1)(boom)
+        every("10m", name="mail.digest", scheduler="second")(ok)
+        try:
             yield
-    finally:
-        SlowHistoryBackend.delay_s = 0.0
-        registry._functions, registry._classes, registry._names = saved
-        anarchon_admin.history_cache.forget()
+        finally:
+            SlowHistoryBackend.delay_s = 0.0
 
 
 def staff(username: str, *perms: str) -> User:

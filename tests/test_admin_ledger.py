@@ -31,8 +31,8 @@ from django_anarchon.backends.memory import MemoryBackend, MemoryRunStore
 from django_anarchon.engine import Scheduler
 from django_anarchon.handler import schedulers
 from django_anarchon.models import BackfillRequest
-from django_anarchon.registry import registry
 
+from .support import fresh_registry
 from .test_admin import JOBS_URL, VIEW_ALL, boom, ok, staff
 
 pytestmark = pytest.mark.django_db
@@ -72,21 +72,16 @@ class SlowPausesBackend(MemoryBackend):
 
 @pytest.fixture(autouse=True)
 def jobs() -> Iterator[None]:
-    saved = (registry._functions, registry._classes, registry._names)
-    registry._functions, registry._classes, registry._names = {}, {}, {}
-    every("1h", name="reports.daily")(ok)
-    every("1h", name="reports.flaky", max_attempts=1)(boom)
-    every("1m", name=MINUTELY)(ok)
-    every("10m", name="mail.digest", scheduler="slow")(ok)
-    every("10m", name="legacy.sync", scheduler="claimonly")(ok)
-    anarchon_admin.history_cache.forget()
-    try:
-        with override_settings(ANARCHON=SCHEDULERS):
+    with fresh_registry(SCHEDULERS):
+        every("1h", name="reports.daily")(ok)
+        every("1h", name="reports.flaky", max_attempts=1)(boom)
+        every("1m", name=MINUTELY)(ok)
+        every("10m", name="mail.digest", scheduler="slow")(ok)
+        every("10m", name="legacy.sync", scheduler="claimonly")(ok)
+        try:
             yield
-    finally:
-        SlowPausesStore.delay_s = 0.0
-        registry._functions, registry._classes, registry._names = saved
-        anarchon_admin.history_cache.forget()
+        finally:
+            SlowPausesStore.delay_s = 0.0
 
 
 def client_of(username: str, *perms: str) -> Client:

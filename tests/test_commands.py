@@ -13,14 +13,12 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.test import override_settings
 
 from django_anarchon import cron, every
 from django_anarchon.handler import schedulers
 from django_anarchon.models import RunRequest
-from django_anarchon.registry import registry
 
-from .support import ROOT
+from .support import ROOT, fresh_registry
 
 MEMORY = "django_anarchon.backends.memory.MemoryBackend"
 SETTINGS = {
@@ -40,18 +38,13 @@ def explode(ctx: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def jobs() -> Iterator[None]:
-    saved = (registry._functions, registry._classes, registry._names)
-    registry._functions, registry._classes, registry._names = {}, {}, {}
-    every("10s", name="stock.sync")(remember)
-    every("1h", name="stock.report")(explode)
-    every("5m", name="mail.send", scheduler="other")(remember)
-    every("5m", name="stock.sync", scheduler="other")(remember)  # same name, other scheduler
-    seen.clear()
-    try:
-        with override_settings(ANARCHON=SETTINGS):
-            yield
-    finally:
-        registry._functions, registry._classes, registry._names = saved
+    with fresh_registry(SETTINGS):
+        every("10s", name="stock.sync")(remember)
+        every("1h", name="stock.report")(explode)
+        every("5m", name="mail.send", scheduler="other")(remember)
+        every("5m", name="stock.sync", scheduler="other")(remember)  # same name, other scheduler
+        seen.clear()
+        yield
 
 
 def run(*args: str) -> tuple[str, str]:

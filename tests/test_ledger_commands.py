@@ -26,9 +26,8 @@ from django.test import override_settings
 from django_anarchon import cron, every
 from django_anarchon.backends.base import RunClaim, StoredResult, ledger_of, ms_to_datetime
 from django_anarchon.handler import schedulers
-from django_anarchon.registry import registry
 
-from .support import ROOT
+from .support import ROOT, fresh_registry
 from .test_engine_support import real_ms
 
 MEMORY = "django_anarchon.backends.memory.MemoryBackend"
@@ -46,18 +45,13 @@ def noop(ctx: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def jobs() -> Iterator[None]:
-    saved = (registry._functions, registry._classes, registry._names)
-    registry._functions, registry._classes, registry._names = {}, {}, {}
-    every("1m", name="stock.sync")(noop)
-    every("1h", name="stock.report")(noop)
-    cron("0 9 * * *", timezone="America/New_York", name="ny.report")(noop)
-    every("5m", name="mail.send", scheduler="other")(noop)
-    every("1m", name="queue.drain", scheduler="claimonly")(noop)
-    try:
-        with override_settings(ANARCHON=SETTINGS):
-            yield
-    finally:
-        registry._functions, registry._classes, registry._names = saved
+    with fresh_registry(SETTINGS):
+        every("1m", name="stock.sync")(noop)
+        every("1h", name="stock.report")(noop)
+        cron("0 9 * * *", timezone="America/New_York", name="ny.report")(noop)
+        every("5m", name="mail.send", scheduler="other")(noop)
+        every("1m", name="queue.drain", scheduler="claimonly")(noop)
+        yield
 
 
 def run(*args: str) -> tuple[str, str]:

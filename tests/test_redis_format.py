@@ -9,69 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
 
 import pytest
 
 from django_anarchon.backends.base import ClaimOutcome, OverlapPolicy, RunClaim
-from django_anarchon.backends.redis import RedisBackend, RedisProtocolBackend, RedisRunStore
+from django_anarchon.backends.redis import RedisProtocolBackend, RedisRunStore
 from django_anarchon.backends.redis.core import _outcome
 from django_anarchon.backends.redis.scripts import Script
-from django_anarchon.backends.valkey import ValkeyBackend
 
-from .redis_support import ValkeyServer, delete_prefix, redis_url
+from .redis_lease_support import (  # noqa: F401  (fixtures)
+    Make,
+    claim,
+    lease_backends,
+    run,
+    run_hash,
+    server_ms,
+    valkey_server,
+)
 
 pytestmark = pytest.mark.redis
-
-Body = Callable[[RedisProtocolBackend, RedisRunStore], Awaitable[None]]
-
-
-@pytest.fixture(scope="module")
-def valkey() -> Iterator[ValkeyServer]:
-    server = ValkeyServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["redis", "valkey"])
-def make(request: pytest.FixtureRequest) -> Iterator[Callable[[], RedisProtocolBackend]]:
-    prefix = f"anarchon-test-{uuid.uuid4().hex[:12]}"
-    if request.param == "redis":
-        url = redis_url()
-        yield lambda: RedisBackend(url=url, key_prefix=prefix)
-        delete_prefix(url, prefix)
-    else:
-        server: ValkeyServer = request.getfixturevalue("valkey")
-        yield lambda: ValkeyBackend(url=server.url, key_prefix=prefix)
-        delete_prefix(server.url, prefix)
-
-
-def run(make: Callable[[], RedisProtocolBackend], body: Body) -> None:
-    async def main() -> None:
-        backend = make()
-        assert backend.runs is not None
-        try:
-            await body(backend, backend.runs)
-        finally:
-            await backend.close()
-
-    asyncio.run(main())
-
-
-async def server_ms(backend: RedisProtocolBackend) -> int:
-    sec, usec = await backend.client().time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-async def run_hash(backend: RedisProtocolBackend, job: str, slot: int) -> dict[str, str]:
-    raw = await backend.client().hgetall(f"{backend.job_key(job)}:r:{slot}")
-    return {_s(k): _s(v) for k, v in raw.items()}
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def wait_lapsed(backend: RedisProtocolBackend, job: str, slot: int) -> None:
@@ -98,11 +54,6 @@ async def previous_finish(
     return int(done) == 1
 
 
-def claim(job: str, slot: int, token: str, **kw: Any) -> RunClaim:
-    kw.setdefault("keep_ms", 60_000)
-    return RunClaim(job, slot, token, token.upper(), **kw)
-
-
 async def write_v1_run(
     backend: RedisProtocolBackend, job: str, slot: int, *, state: str, lease_until: int,
     status: str = "", finished_at: int | str = "", attempt: int = 1,
@@ -125,7 +76,7 @@ async def write_v1_run(
 
 @pytest.mark.parametrize("overlap", ["skip", "allow"])
 def test_a_format_1_run_is_never_swept(
-    make: Callable[[], RedisProtocolBackend], overlap: OverlapPolicy
+    make: Make, overlap: OverlapPolicy
 ) -> None:
     """Its max_attempts is unknown: a backup of the previous release may still take it."""
 
@@ -150,7 +101,7 @@ def test_a_format_1_run_is_never_swept(
     run(make, body)
 
 
-def test_a_format_1_run_is_taken_over_and_finished(make: Callable[[], RedisProtocolBackend]) -> None:
+def test_a_format_1_run_is_taken_over_and_finished(make: Make) -> None:
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
         job = "app.v1-takeover"
         now = await server_ms(backend)
@@ -171,7 +122,7 @@ def test_a_format_1_run_is_taken_over_and_finished(make: Callable[[], RedisProto
 
 
 def test_a_format_1_finished_run_gets_the_new_retention(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     """The previous release expired a run at finished_at + keep; the first claim that sees
     it moves the expiry to max(finished_at, slot) + keep (never earlier)."""
@@ -193,7 +144,7 @@ def test_a_format_1_finished_run_gets_the_new_retention(
 
 
 def test_the_previous_release_works_on_format_2_runs(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
         job = "app.mixed"
@@ -239,7 +190,7 @@ def test_the_previous_release_works_on_format_2_runs(
 
 
 def test_the_previous_release_reads_a_cancelled_run_as_done(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     """overlap cancel_other: the fenced run's old token is refused by the previous
     release's finish too, and its claims neither retry nor take the run over."""
@@ -266,7 +217,7 @@ def test_the_previous_release_reads_a_cancelled_run_as_done(
 
 
 def test_the_previous_release_works_beside_the_ledger_keys(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     """It never reads ``m``, ``mi``, ``p``: it runs a paused job's slots and marks nothing
     (the documented cost of a deploy), and this release's rules hold on the same keys."""
@@ -296,7 +247,7 @@ def test_the_previous_release_works_beside_the_ledger_keys(
 
 
 def test_a_backfill_sees_the_history_the_previous_release_wrote(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     """The ran-check reads history itself, so a slot the previous release ran (before the
     upgrade or during the deploy) is never run again once its run hash has expired."""

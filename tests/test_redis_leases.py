@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
 
 import pytest
 
@@ -20,70 +17,26 @@ from django_anarchon.backends.base import (
     MIN_KEEP_MS,
     ClaimOutcome,
     OverlapPolicy,
-    RunClaim,
     StoredResult,
 )
-from django_anarchon.backends.redis import RedisBackend, RedisProtocolBackend, RedisRunStore
+from django_anarchon.backends.redis import RedisProtocolBackend, RedisRunStore
 from django_anarchon.backends.redis.scripts import RUN_FORMAT
-from django_anarchon.backends.valkey import ValkeyBackend
 
-from .redis_support import ValkeyServer, delete_prefix, redis_url
+from .redis_lease_support import (  # noqa: F401  (fixtures)
+    Make,
+    claim,
+    lease_backends,
+    run,
+    run_hash,
+    server_ms,
+    valkey_server,
+)
 
 pytestmark = pytest.mark.redis
-
-Body = Callable[[RedisProtocolBackend, RedisRunStore], Awaitable[None]]
-
-
-@pytest.fixture(scope="module")
-def valkey() -> Iterator[ValkeyServer]:
-    server = ValkeyServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["redis", "valkey"])
-def make(request: pytest.FixtureRequest) -> Iterator[Callable[[], RedisProtocolBackend]]:
-    """A factory of lease backends on one server, under a key prefix of this test's own."""
-    prefix = f"anarchon-test-{uuid.uuid4().hex[:12]}"
-    if request.param == "redis":
-        url = redis_url()
-        yield lambda: RedisBackend(url=url, key_prefix=prefix)
-        delete_prefix(url, prefix)
-    else:
-        server: ValkeyServer = request.getfixturevalue("valkey")
-        yield lambda: ValkeyBackend(url=server.url, key_prefix=prefix)
-        delete_prefix(server.url, prefix)
-
-
-def run(make: Callable[[], RedisProtocolBackend], body: Body) -> None:
-    async def main() -> None:
-        backend = make()
-        assert backend.runs is not None
-        try:
-            await body(backend, backend.runs)
-        finally:
-            await backend.close()
-
-    asyncio.run(main())
-
-
-async def server_ms(backend: RedisProtocolBackend) -> int:
-    """The server's clock, which every lease decision uses."""
-    sec, usec = await backend.client().time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-async def run_hash(backend: RedisProtocolBackend, job: str, slot: int) -> dict[str, str]:
-    raw = await backend.client().hgetall(f"{backend.job_key(job)}:r:{slot}")
-    return {_s(k): _s(v) for k, v in raw.items()}
 
 
 async def pttl(backend: RedisProtocolBackend, job: str, slot: int) -> int:
     return int(await backend.client().pttl(f"{backend.job_key(job)}:r:{slot}"))
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def lapsed(runs: RedisRunStore, job: str, slot: int) -> None:
@@ -98,16 +51,11 @@ async def lapsed(runs: RedisRunStore, job: str, slot: int) -> None:
         await asyncio.sleep(0.02)
 
 
-def claim(job: str, slot: int, token: str, **kw: Any) -> RunClaim:
-    kw.setdefault("keep_ms", 60_000)
-    return RunClaim(job, slot, token, token.upper(), **kw)
-
-
 # -- early --------------------------------------------------------------------------------
 
 
 def test_a_claim_before_its_slot_is_early_and_writes_nothing(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
         job = "app.early"
@@ -130,7 +78,7 @@ def test_a_claim_before_its_slot_is_early_and_writes_nothing(
 # -- retention ----------------------------------------------------------------------------
 
 
-def test_keep_ms_only_grows(make: Callable[[], RedisProtocolBackend]) -> None:
+def test_keep_ms_only_grows(make: Make) -> None:
     """A claimer with a smaller keep (a rolling deploy that lowered max_late) never
     shortens how long the run is remembered; a larger one lengthens it."""
 
@@ -153,7 +101,7 @@ def test_keep_ms_only_grows(make: Callable[[], RedisProtocolBackend]) -> None:
 
 
 def test_retention_counts_from_the_slot_when_the_run_finished_before_it(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     """A run whose finish is earlier than its slot by the store's clock (the clock stepped
     back, or a failover to a server whose clock is behind) is kept until slot + keep.
@@ -185,7 +133,7 @@ def test_retention_counts_from_the_slot_when_the_run_finished_before_it(
 
 
 def test_the_floor_keeps_a_failed_run_for_its_retry(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
         job = "app.floor"
@@ -205,7 +153,7 @@ def test_the_floor_keeps_a_failed_run_for_its_retry(
 
 @pytest.mark.parametrize("overlap", ["skip", "allow"])
 def test_the_next_slot_sweeps_a_crashed_run_with_its_attempts_used_up(
-    make: Callable[[], RedisProtocolBackend], overlap: OverlapPolicy
+    make: Make, overlap: OverlapPolicy
 ) -> None:
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
         job = f"app.sweep-{overlap}"
@@ -236,7 +184,7 @@ def test_the_next_slot_sweeps_a_crashed_run_with_its_attempts_used_up(
 
 
 def test_a_saved_result_is_not_overwritten_by_the_sweep(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
         job = "app.sweep-saved"
@@ -255,7 +203,7 @@ def test_a_saved_result_is_not_overwritten_by_the_sweep(
 
 
 def test_a_lapsed_run_with_attempts_left_is_not_swept(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     """Attempts left (by the largest max_attempts any claim of the run carried): a backup
     may still take it over, so a new slot leaves it running."""
@@ -282,7 +230,7 @@ def test_a_lapsed_run_with_attempts_left_is_not_swept(
 # -- finish -------------------------------------------------------------------------------
 
 
-def test_finish_is_repeat_safe(make: Callable[[], RedisProtocolBackend]) -> None:
+def test_finish_is_repeat_safe(make: Make) -> None:
     """The first finish reached the store and its reply was lost: the retry is True."""
 
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
@@ -307,7 +255,7 @@ def test_finish_is_repeat_safe(make: Callable[[], RedisProtocolBackend]) -> None
 
 
 def test_new_runs_are_written_in_the_current_format(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
         job = "app.format"

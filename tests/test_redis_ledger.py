@@ -7,72 +7,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
 
 import pytest
 
-from django_anarchon.backends.base import ClaimOutcome, RunClaim
-from django_anarchon.backends.redis import RedisBackend, RedisProtocolBackend, RedisRunStore
-from django_anarchon.backends.valkey import ValkeyBackend
+from django_anarchon.backends.base import ClaimOutcome
+from django_anarchon.backends.redis import RedisProtocolBackend, RedisRunStore
 
-from .redis_support import ValkeyServer, delete_prefix, redis_url
+from .redis_lease_support import Make, claim, lease_backends, run, server_ms, text, valkey_server  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.redis
-
-Body = Callable[[RedisProtocolBackend, RedisRunStore], Awaitable[None]]
-
-
-@pytest.fixture(scope="module")
-def valkey() -> Iterator[ValkeyServer]:
-    server = ValkeyServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["redis", "valkey"])
-def make(request: pytest.FixtureRequest) -> Iterator[Callable[[], RedisProtocolBackend]]:
-    prefix = f"anarchon-test-{uuid.uuid4().hex[:12]}"
-    if request.param == "redis":
-        url = redis_url()
-        yield lambda: RedisBackend(url=url, key_prefix=prefix)
-        delete_prefix(url, prefix)
-    else:
-        server: ValkeyServer = request.getfixturevalue("valkey")
-        yield lambda: ValkeyBackend(url=server.url, key_prefix=prefix)
-        delete_prefix(server.url, prefix)
-
-
-def run(make: Callable[[], RedisProtocolBackend], body: Body) -> None:
-    async def main() -> None:
-        backend = make()
-        assert backend.runs is not None
-        try:
-            await body(backend, backend.runs)
-        finally:
-            await backend.close()
-
-    asyncio.run(main())
-
-
-async def server_ms(backend: RedisProtocolBackend) -> int:
-    sec, usec = await backend.client().time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def claim(job: str, slot: int, token: str, **kw: Any) -> RunClaim:
-    kw.setdefault("keep_ms", 60_000)
-    return RunClaim(job, slot, token, token.upper(), **kw)
 
 
 @pytest.mark.parametrize("job", ["app.ledger-keys", "app.{braced}"])
 def test_the_ledger_keys_are_the_jobs_own(
-    make: Callable[[], RedisProtocolBackend], job: str
+    make: Make, job: str
 ) -> None:
     """Every key is under ``job_key(job)`` (one cluster slot), in the documented formats."""
 
@@ -83,20 +31,20 @@ def test_the_ledger_keys_are_the_jobs_own(
         assert (await runs.claim(claim(job, now - 60_000, "a", max_late_ms=1000))).kind == "late"
         await runs.pause(job, "why", "ops", now + 60_000)
         (since_ms,) = await runs.job_since([(job, "every 1m")])
-        keys = sorted([_s(k) async for k in client.scan_iter(match=f"{backend.key_prefix}:*")])
+        keys = sorted([text(k) async for k in client.scan_iter(match=f"{backend.key_prefix}:*")])
         assert keys == sorted(f"{base}:{k}" for k in ("m", "mi", "p", "since")), keys
-        mark = json.loads(_s(await client.hget(f"{base}:m", str(now - 60_000))))
+        mark = json.loads(text(await client.hget(f"{base}:m", str(now - 60_000))))
         assert now <= mark.pop("at") <= since_ms, mark
         assert mark == {
             "v": 1, "slot": now - 60_000, "fate": "skipped", "reason": "late", "by": "A",
             "last": now - 60_000, "count": 1,
         }
         assert await client.zscore(f"{base}:mi", str(now - 60_000)) == now - 60_000
-        pause = {_s(k): _s(v) for k, v in (await client.hgetall(f"{base}:p")).items()}
+        pause = {text(k): text(v) for k, v in (await client.hgetall(f"{base}:p")).items()}
         assert (pause["v"], pause["note"], pause["by"], pause["until"]) == (
             "1", "why", "ops", str(now + 60_000)
         )
-        since = {_s(k): _s(v) for k, v in (await client.hgetall(f"{base}:since")).items()}
+        since = {text(k): text(v) for k, v in (await client.hgetall(f"{base}:since")).items()}
         assert (since["v"], since["fingerprint"], since["since"]) == (
             "1", "every 1m", str(since_ms)
         )
@@ -105,7 +53,7 @@ def test_the_ledger_keys_are_the_jobs_own(
 
 
 def test_the_marks_expire_with_the_ttl_and_the_pause_at_its_until(
-    make: Callable[[], RedisProtocolBackend],
+    make: Make,
 ) -> None:
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
         client = backend.client()
@@ -133,7 +81,7 @@ def test_the_marks_expire_with_the_ttl_and_the_pause_at_its_until(
     run(make, body)
 
 
-def test_a_backfill_scans_a_large_history(make: Callable[[], RedisProtocolBackend]) -> None:
+def test_a_backfill_scans_a_large_history(make: Make) -> None:
     """The ran-check pages through the whole of ``hs`` (thousands of records, so several
     ZSCAN pages), and counts neither manual records nor other slots."""
 
@@ -156,7 +104,7 @@ def test_a_backfill_scans_a_large_history(make: Callable[[], RedisProtocolBacken
     run(make, body)
 
 
-def test_bad_mark_ranges_are_refused_by_name(make: Callable[[], RedisProtocolBackend]) -> None:
+def test_bad_mark_ranges_are_refused_by_name(make: Make) -> None:
     async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
         with pytest.raises(ValueError, match=r"job 'app.bad'.*\(2000, 1000, 2\)"):
             await runs.mark_missed("app.bad", [(2000, 1000, 2)], "I", 100, None)

@@ -17,17 +17,15 @@ from django.contrib.auth.models import Permission, User
 from django.core.checks import run_checks
 from django.test import Client, override_settings
 
-from django_anarchon import admin as anarchon_admin
 from django_anarchon import every
 from django_anarchon.backends.database import DatabaseBackend
 from django_anarchon.backends.redis import RedisBackend
 from django_anarchon.backends.valkey import ValkeyBackend
 from django_anarchon.exceptions import ConfigurationError
 from django_anarchon.handler import build_backend, schedulers
-from django_anarchon.registry import registry
 
 from .conftest import databases
-from .support import reachable, unavailable, wait_for, worker_group
+from .support import fresh_registry, reachable, unavailable, wait_for, worker_group
 
 SECRET = "s3cr3t-TOKEN-xyz"
 REDIS = "django_anarchon.backends.redis.RedisBackend"
@@ -181,16 +179,12 @@ def _staff() -> Client:
 @pytest.fixture
 def one_job() -> Iterator[None]:
     """One job on the default scheduler; the process-global registry is restored afterwards."""
-    saved = (registry._functions, registry._classes, registry._names)
-    registry._functions, registry._classes, registry._names = {}, {}, {}
-    every("1h", name="secrets.hourly")(lambda ctx: None)
-    anarchon_admin.history_cache.forget()
-    try:
-        yield
-    finally:
-        registry._functions, registry._classes, registry._names = saved
-        anarchon_admin.history_cache.forget()
-        schedulers.reset()
+    with fresh_registry():
+        every("1h", name="secrets.hourly")(lambda ctx: None)
+        try:
+            yield
+        finally:
+            schedulers.reset()
 
 
 @pytest.mark.django_db

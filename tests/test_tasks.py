@@ -30,7 +30,12 @@ from django_anarchon.enqueue.run import EnqueueUnknownError, LeaseLostBeforeEnqu
 from django_anarchon.exceptions import ConfigurationError
 from django_anarchon.models import EnqueuedTask
 
+from .support import fresh_registry
 from .test_engine_support import stop_all, wait_for
+
+WEB_MEMORY = {"default": {
+    "BACKEND": "django_anarchon.backends.memory.MemoryBackend", "INSTANCE_ID": "web"
+}}
 
 DBTaskResult = pytest.importorskip("django_tasks_db.models").DBTaskResult
 tasks = pytest.importorskip("tests.testapp.tasks")
@@ -233,22 +238,10 @@ def test_a_lost_lease_enqueues_nothing(tasks_on_postgres: str) -> None:
 @pytest.fixture
 def task_scheduler() -> Iterator[str]:
     """settings.ANARCHON with one memory scheduler whose job enqueues ``tasks.report``."""
-    from django_anarchon.admin import history_cache
-    from django_anarchon.registry import registry
-
-    saved = (registry._functions, registry._classes, registry._names)
-    registry._functions, registry._classes, registry._names = {}, {}, {}
     name = _name("listed")
-    every("1h", name=name)(tasks.report)
-    history_cache.forget()
-    try:
-        with override_settings(ANARCHON={"default": {
-            "BACKEND": "django_anarchon.backends.memory.MemoryBackend", "INSTANCE_ID": "web"
-        }}):
-            yield name
-    finally:
-        registry._functions, registry._classes, registry._names = saved
-        history_cache.forget()
+    with fresh_registry(WEB_MEMORY):
+        every("1h", name=name)(tasks.report)
+        yield name
 
 
 def _call(*args: str) -> str:
@@ -314,29 +307,18 @@ def test_the_jobs_page_reads_the_tasks_of_every_last_run_in_one_query() -> None:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from django_anarchon.admin import history_cache
     from django_anarchon.handler import schedulers
-    from django_anarchon.registry import registry
 
-    saved = (registry._functions, registry._classes, registry._names)
-    registry._functions, registry._classes, registry._names = {}, {}, {}
     names = [_name(f"listed-{i}") for i in range(3)]
-    for name in names:
-        every("1h", name=name)(tasks.report)
-    history_cache.forget()
-    try:
-        with override_settings(ANARCHON={"default": {
-            "BACKEND": "django_anarchon.backends.memory.MemoryBackend", "INSTANCE_ID": "web"
-        }}):
-            for name in names:
-                schedulers["default"].run_now(name)
-            client = Client()
-            client.force_login(User.objects.create_superuser("root-tasks-many"))
-            with CaptureQueriesContext(connection) as queries:
-                page = client.get("/admin/django_anarchon/scheduledjob/").content.decode()
-    finally:
-        registry._functions, registry._classes, registry._names = saved
-        history_cache.forget()
+    with fresh_registry(WEB_MEMORY):
+        for name in names:
+            every("1h", name=name)(tasks.report)
+        for name in names:
+            schedulers["default"].run_now(name)
+        client = Client()
+        client.force_login(User.objects.create_superuser("root-tasks-many"))
+        with CaptureQueriesContext(connection) as queries:
+            page = client.get("/admin/django_anarchon/scheduledjob/").content.decode()
     reads = [q["sql"] for q in queries if "django_anarchon_enqueuedtask" in q["sql"]]
     assert len(reads) == 1, reads
     for name in names:
