@@ -33,7 +33,7 @@ from .admin_format import (
 )
 from .admin_job_page import BackfillRow
 from .admin_jobs import collect_sections, history_cache
-from .admin_pages import PLAN_LISTED, ScheduledJobAdmin
+from .admin_pages import PLAN_LISTED, ReadOnlyAdmin, ScheduledJobAdmin
 from .backends.base import ms_to_datetime
 from .models import BackfillRequest, EnqueuedTask, Run, RunAttempt, RunRequest, ScheduledJob
 
@@ -60,23 +60,6 @@ def ms_column(field: str, description: Any) -> Callable[[Any, Any], str]:
         return "-" if value is None else format_when(ms_to_datetime(value))
 
     return column
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """What the stores write is a record: viewable, never edited by hand.
-
-    Nobody changes these rows in the admin, so they have no change history either: the
-    app's change_form.html drops the "History" button.
-    """
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(RunAttempt)

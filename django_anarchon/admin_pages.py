@@ -68,9 +68,12 @@ def _failed(request: HttpRequest, refused: StrOrPromise, unanswered: StrOrPromis
         messages.error(request, refused % {"job": job, "error": exc})
 
 
-class ScheduledJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """The Jobs page and the per-job page: no rows of their own, they show what the
-    schedulers know (admin_jobs.py), and file what the operator asks (admin_actions.py)."""
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """What the stores write is a record: viewable, never edited by hand.
+
+    Nobody changes these rows in the admin, so they have no change history either: the
+    app's change_form.html drops the "History" button.
+    """
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -80,6 +83,11 @@ class ScheduledJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ScheduledJobAdmin(ReadOnlyAdmin):
+    """The Jobs page and the per-job page: no rows of their own, they show what the
+    schedulers know (admin_jobs.py), and file what the operator asks (admin_actions.py)."""
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name

@@ -20,12 +20,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections, router, transaction
+from django.db import router, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from .logtime import iso
-from .run_requests import ABANDONED_AFTER_S, wake_workers
+from .run_requests import ABANDONED_AFTER_S, claim_oldest, wake_workers
 
 if TYPE_CHECKING:
     from .engine import Scheduler
@@ -75,17 +75,7 @@ def claim_backfills(
     """The open backfill requests of ``scheduler`` for ``jobs`` that this instance won."""
     from .models import BackfillRequest
 
-    close_old_connections()
-    won = []
-    pending = BackfillRequest.objects.filter(_open(jobs), scheduler=scheduler)
-    for request in pending.order_by("requested_at")[:limit]:
-        updated = BackfillRequest.objects.filter(_open(jobs), pk=request.pk).update(
-            claimed_by=instance_id, claimed_at=Now()
-        )
-        if updated:
-            request.refresh_from_db()
-            won.append(request)
-    return won
+    return claim_oldest(BackfillRequest, _open(jobs), scheduler, instance_id, limit)
 
 
 def _progress(request_id: int, done: int, finished: bool) -> None:

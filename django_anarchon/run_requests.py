@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Collection
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, close_old_connections, router, transaction
@@ -32,7 +32,9 @@ from django.db.models.functions import Now
 
 if TYPE_CHECKING:
     from .engine import Scheduler
-    from .models import RunRequest
+    from .models import BackfillRequest, RunRequest
+
+    RequestRow = TypeVar("RequestRow", RunRequest, BackfillRequest)
 
 from .backends.base import Wakeup
 from .engine.wake import requests_key, send_wakeup_sync
@@ -96,16 +98,25 @@ def claim_requests(
     """
     from .models import RunRequest
 
+    return claim_oldest(RunRequest, _open(jobs), scheduler, instance_id, limit)
+
+
+def claim_oldest(
+    model: type[RequestRow], open_: Q, scheduler: str, instance_id: str, limit: int
+) -> list[RequestRow]:
+    """Up to ``limit`` of the oldest ``open_`` rows of ``scheduler`` that this instance won.
+
+    Each is won by one conditional UPDATE, so two workers never both win a row."""
     close_old_connections()
     won = []
-    pending = RunRequest.objects.filter(_open(jobs), scheduler=scheduler)
-    for request in pending.order_by("requested_at")[:limit]:
-        updated = RunRequest.objects.filter(_open(jobs), pk=request.pk).update(
+    pending = model._default_manager.filter(open_, scheduler=scheduler)
+    for row in pending.order_by("requested_at")[:limit]:
+        updated = model._default_manager.filter(open_, pk=row.pk).update(
             claimed_by=instance_id, claimed_at=Now()
         )
         if updated:
-            request.refresh_from_db()
-            won.append(request)
+            row.refresh_from_db()
+            won.append(row)
     return won
 
 
