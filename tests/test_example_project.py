@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]  # three worker processes
 
 
 def test_demo_three_workers_run_each_slot_once(tmp_path: Path) -> None:
