@@ -25,6 +25,7 @@ from django.test import override_settings
 
 from django_anarchon import cron, every
 from django_anarchon.backends.base import RunClaim, StoredResult, ledger_of, ms_to_datetime
+from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.handler import schedulers
 
 from .support import ROOT, fresh_registry
@@ -322,6 +323,33 @@ def test_backfill_refusals_are_one_line() -> None:
         "anarchon_backfill", job, "--from", "1h", "--to", "1m", "--overlap", "cancel_other")
     assert "the following arguments are required: --to" in refused(
         "anarchon_backfill", job, "--from", "1h")
+
+
+class StoreClockMemory(MemoryBackend):
+    """A memory store on the true clock, so that the ``skew`` fixture moves only the
+    machine's (the command's) clock."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(clock=real_ms, **options)
+
+
+def test_backfill_and_history_count_relative_times_on_the_store_clock(skew: Any) -> None:
+    """This machine runs 5 minutes ahead of the store: ``--to now`` is the store's now
+    (not refused as the future), and ``--since 3m`` three minutes before the store's now."""
+    settings = {"default": {"BACKEND": "tests.test_ledger_commands.StoreClockMemory",
+                            "INSTANCE_ID": "cli-1"}}
+    with override_settings(ANARCHON=settings):
+        skew(300_000)
+        old, recent = minute_ago(6), minute_ago(1)
+        ran("stock.sync", old)
+        ran("stock.sync", recent)
+        out, _ = run("anarchon_backfill", "stock.sync", "--from", "10m", "--to", "now",
+                     "--dry-run", "--json")
+        plan = json.loads(out)
+        assert datetime.fromisoformat(plan["to"]).timestamp() * 1000 <= real_ms(), plan
+        assert plan["already_ran"] == 2, plan
+        out, _ = run("anarchon_history", "stock.sync", "--all-slots", "--since", "3m", "--json")
+        assert [e["slot"] for e in json.loads(out)] == [recent], out
 
 
 # -- anarchon_history --all-slots ----------------------------------------------------------------

@@ -68,6 +68,17 @@ class OperatorMixin:
         async def _ensure_init(self) -> None: ...
         def _sync(self, what: str, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T: ...
 
+    async def astore_now(self, name: str) -> int:
+        """The store's now (ms) as the store of ``name`` tells it: what ``until``, "future"
+        and a command's relative times (``2h`` ago) are counted from."""
+        self.get_job(name)
+        await self._ensure_init()
+        return await self._store_now(name)
+
+    def store_now(self, name: str) -> int:
+        """Sync twin of :meth:`astore_now`."""
+        return self._sync("store_now", self.astore_now, name)
+
     async def _store_now(self, job: str) -> int:
         """The store's now: a scheduler that is not running (a command, the admin) reads
         the store's clock first, since its offset is measured only at start."""

@@ -68,13 +68,15 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["job"]
         alias, scheduler = find_job(name, options["schedulers"])
-        now = scheduler.clock.now()
-        start = ago(parse_when(options["from"], option="--from", job=name), now)
-        end = ago(parse_when(options["to"], option="--to", job=name), now)
+        typed = {flag: parse_when(options[flag], option=f"--{flag}", job=name)
+                for flag in ("from", "to")}
         by = operator_name(options["by"], job=name)
         flags = {"from": ("--from", options["from"]), "to": ("--to", options["to"]),
                  "max": ("--max", str(options["max"])), "overlap": ("--overlap", options["overlap"])}
         with store_errors(alias, scheduler), refusals(name, flags):
+            # "2h" and "now" are counted on the store's clock, as the refusals are.
+            now = scheduler.store_now(name)
+            start, end = ago(typed["from"], now), ago(typed["to"], now)
             plan = scheduler.backfill(
                 name, start, end, max=options["max"], overlap=options["overlap"],
                 dry_run=options["dry_run"], requested_by=by,

@@ -105,14 +105,13 @@ class Command(BaseCommand):
         if not name:
             raise CommandError("--all-slots shows the ledger of one job: name the JOB")
         alias, scheduler = find_job(name, options["schedulers"])
-        now = scheduler.clock.now()
-        bounds = {
-            flag: None if options[flag] is None
-            else ago(parse_when(options[flag], option=f"--{flag}", job=name), now)
-            for flag in ("since", "until")
-        }
+        typed = {flag: parse_when(options[flag], option=f"--{flag}", job=name)
+                for flag in ("since", "until") if options[flag] is not None}
         flags = {flag: (f"--{flag}", options[flag] or "") for flag in ("since", "until")}
         with store_errors(alias, scheduler), refusals(name, flags):
+            now = scheduler.store_now(name) if typed else 0  # "2h" ago on the store's clock
+            bounds = {flag: ago(typed[flag], now) if flag in typed else None
+                      for flag in ("since", "until")}
             entries = scheduler.ledger(name, bounds["since"], bounds["until"], options["limit"])
         if options["json"]:
             self.stdout.write(to_json([entry.to_dict() for entry in entries]))
