@@ -603,12 +603,17 @@ class Cron:
     def gap_skips(self, after_ms: int, until_ms: int) -> list[int]:
         """The transitions in ``(after_ms, until_ms]`` whose gap swallowed matching wall-clock
         times (``dst_gap="skip"``, or an every-hour expression, as ``preview`` shows them);
-        the ledger marks each as skipped, reason ``dst``."""
+        the ledger marks each as skipped, reason ``dst``.
+
+        A transition at which a slot fires is left out: an every-hour expression in a zone
+        that moves by whole hours runs right on (01:00 then 03:00 is an hour of elapsed
+        time), and that slot's own entry is the one the ledger keeps."""
         if self._gap != "skip":
             return []
         return [
             change for change in self._changes_between(after_ms, until_ms, gaps=True)
             if self._matches_between(*self._gap_walls(change)) is not None
+            and self.latest_at_or_before(change) != change
         ]
 
     def _gap_walls(self, change: int) -> tuple[datetime, datetime]:

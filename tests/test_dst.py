@@ -55,6 +55,19 @@ def test_hourly_does_not_fire_twice_in_a_quarter_hour_across_a_chatham_gap() -> 
         "2026-09-27T02:00:00+12:45", "2026-09-27T04:00:00+13:45", "2026-09-27T05:00:00+13:45"]
 
 
+def test_the_ledger_marks_a_gap_skip_only_where_no_slot_fires() -> None:
+    """The ``dst`` mark lands at the transition; where a slot fires right there (hourly in
+    a whole-hour zone) nothing was skipped and the slot's own entry stands."""
+    ny = ms("2026-03-08T03:00-04:00")
+    lord_howe = ms("2026-10-04T02:30+11:00")
+    day = 86_400_000
+    assert Cron("0 * * * *", NEW_YORK).gap_skips(ny - day, ny + day) == []
+    assert Cron("30 2 * * *", NEW_YORK, dst_gap="skip").gap_skips(ny - day, ny + day) == [ny]
+    assert Cron("30 2 * * *", NEW_YORK).gap_skips(ny - day, ny + day) == []  # shifted: runs
+    assert Cron("0 * * * *", "Australia/Lord_Howe").gap_skips(
+        lord_howe - day, lord_howe + day) == [lord_howe]
+
+
 def test_a_gap_slot_is_found_from_the_last_instant_before_the_gap() -> None:
     cron = Cron("30 2 * * *", "America/New_York")
     transition = ms("2026-03-08T03:00-04:00")

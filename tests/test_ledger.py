@@ -30,7 +30,14 @@ from django_anarchon.engine import ledger as ledger_module
 from django_anarchon.engine.ledger import LedgerEntry, merge
 
 from .test_catch_up import backend_pair, store_pair  # noqa: F401  (fixtures)
-from .test_engine_support import Calls, ClaimOnlyMemoryBackend, real_ms, stop_all, wait_for
+from .test_engine_support import (
+    Calls,
+    ClaimOnlyMemoryBackend,
+    Events,
+    real_ms,
+    stop_all,
+    wait_for,
+)
 
 
 def _job(label: str) -> str:
@@ -223,6 +230,26 @@ def test_merge_splits_a_missed_range_around_a_later_run() -> None:
     # A skip of a slot that ran is not shown: the run is its fate.
     skip = SlotMark(base + 2000, "skipped", "overlap", base, "A", base + 2000)
     assert [e.fate for e in merge(job, [run], [skip])] == ["ran"]
+    # Read from a ``since`` after the run: the range is still split by it, so the slot
+    # that ran is not counted missed (and the part before ``since`` is left out).
+    entries = merge(job, [run], [mark], since=base + 3000)
+    assert [(e.slot, e.fate, e.count) for e in entries] == [(base + 3000, "missed", 2)], entries
+
+
+async def test_a_look_counts_only_the_missed_ranges_it_wrote() -> None:
+    """Another instance marked one of the two ranges first: one range is this instance's,
+    and one ``missed`` event (what the log and the metric count) is emitted."""
+    backend = MemoryBackend()
+    s = Scheduler(backend, instance_id="late")
+    s.every("j", "1s", _recorder(Calls()))
+    events = Events(s, names=("missed",))
+    store = backend.runs
+    base = 1_800_000_000_000
+    first, second = (base, base + 2000, 3), (base + 10_000, base + 11_000, 2)
+    assert await store.mark_missed("j", [first], "early", 100, None) == 1
+    assert await s.ledgers._mark(store, s.get_job("j"), [first, second]) == 1
+    assert [e.slot for e in events.named("missed")] == [second[0]]
+    await backend.close()
 
 
 # -- refusals --------------------------------------------------------------------------------

@@ -145,10 +145,14 @@ def merge(
     since: int | None = None,
     until: int | None = None,
 ) -> list[LedgerEntry]:
-    """History and marks as one entry per slot (or missed range), newest first."""
+    """History and marks as one entry per slot (or missed range), newest first.
+
+    A missed range that crosses ``since`` or ``until`` is split by every run, inside the
+    bounds or not, so that no slot that ran is counted missed."""
+    every_run = _ran(history)
     ran = {
         slot: sorted(records, key=lambda r: r.attempt)
-        for slot, records in _ran(history).items()
+        for slot, records in every_run.items()
         if (since is None or slot >= since) and (until is None or slot <= until)
     }
     entries = [
@@ -160,12 +164,13 @@ def merge(
         for slot, records in ran.items()
     ]
     for mark in marks:
-        inside = {s for s in ran if mark.slot <= s <= mark.last}
+        inside = {s for s in every_run if mark.slot <= s <= mark.last}
         if not inside:
             entries.append(_entry(job, mark, mark.slot, mark.last, mark.count))
         elif mark.fate == "missed":  # a later run of some of its slots splits the range
             for start, last, count in _ranges(job, mark.slot, mark.last, inside):
-                entries.append(_entry(job, mark, start, last, count))
+                if (since is None or last >= since) and (until is None or start <= until):
+                    entries.append(_entry(job, mark, start, last, count))
     return sorted(entries, key=lambda e: e.slot, reverse=True)
 
 
@@ -307,20 +312,30 @@ class LedgerKeeper:
         if not ranges:
             return 0
         o = job.options
-        written = await store.mark_missed(
+        count = await store.mark_missed(
             job.name, ranges, self.host.instance_id, o.history_size, o.history_ttl_ms
         )
+        written = list(ranges) if count == len(ranges) else []
+        if 0 < count < len(ranges):
+            # Another instance's marks covered some ranges: only what this one wrote is
+            # logged and counted (events, metrics), so read which.
+            marks = await store.marks(
+                job.name, ranges[0][0], ranges[-1][1], len(ranges) + o.history_size
+            )
+            mine = {(m.slot, m.last) for m in marks
+                    if m.fate == "missed" and m.by == self.host.instance_id}
+            written = [r for r in ranges if (r[0], r[1]) in mine]
         if written:
-            total = sum(count for _, _, count in ranges)
+            total = sum(count for _, _, count in written)
             logger.warning(
                 "scheduler %s: job %s: %s slot(s) from %s to %s were missed (nobody claimed "
-                "them)", self.host.name, job.name, total, iso(ranges[0][0]), iso(ranges[-1][1]),
+                "them)", self.host.name, job.name, total, iso(written[0][0]), iso(written[-1][1]),
             )
-            for slot, last, count in ranges:
+            for slot, last, count in written:
                 await self.host.emit_event(
                     "missed", job, slot, reason=f"{count} slot(s) to {iso(last)}"
                 )
-        return written
+        return len(written)
 
     async def _mark_gaps(self, store: LedgerStore, job: Job, low: int, high: int) -> None:
         """``dst_gap="skip"``: the wall-clock times a spring-forward swallowed, as skips."""
