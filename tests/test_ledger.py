@@ -236,6 +236,53 @@ def test_merge_splits_a_missed_range_around_a_later_run() -> None:
     assert [(e.slot, e.fate, e.count) for e in entries] == [(base + 3000, "missed", 2)], entries
 
 
+async def test_the_look_waits_for_the_start_s_catch_up_of_all_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``catch_up_mode="all"`` claims the missed slots one after another, for longer than
+    the first look waits: those slots are caught up, never reported missed."""
+    monkeypatch.setattr(ledger_module, "FIRST_LOOK_DELAY_S", 0.1)
+    backend = MemoryBackend()
+    name, calls = _job("catchup"), Calls()
+
+    def instance(label: str) -> Scheduler:
+        s = Scheduler(backend, instance_id=label, lease="1s")
+        s.every(name, "1s", _recorder(calls, 0.4), max_late="200ms", catch_up="30s",
+                catch_up_mode="all")
+        return s
+
+    first = instance("A")
+    await first.start()
+    try:
+        await wait_for(lambda: len(calls.items) >= 1, 10, "a run")
+    finally:
+        await stop_all(first)
+    gone = real_ms()
+    await wait_for(lambda: real_ms() > gone + 3_500, 10, "three slots with nobody up")
+    second = instance("B")
+    missed: list[Any] = []
+    second.on("missed", missed.append)
+    await second.start()
+    try:
+        await wait_for(lambda: len([c for c in calls.items if c["reason"] == "catch-up"]) >= 3,
+                       15, "the catch-up of three slots or more")
+        await wait_for(lambda: not second.claim_flows.catching_up
+                       and not second.ledgers.deferred, 15, "the held look")
+    finally:
+        await stop_all(second)
+    ran = {c["slot"] for c in calls.items}
+    wrong = [e for e in missed if e.slot in ran]
+    assert not wrong, (wrong, sorted(ran))
+    # From when the store first saw the job (A's start; A caught up an older slot, and
+    # the slots before that start are nobody's to mark), every slot has one fate.
+    known = calls.items[0]["at"]
+    fates = _fates_by_slot(
+        second, name, [e for e in await second.aledger(name) if e.slot > known]
+    )
+    assert "ran:catch-up" in fates.values(), fates
+    assert not [slot for slot, fate in fates.items() if fate == "missed:missed" and slot in ran]
+
+
 async def test_a_look_counts_only_the_missed_ranges_it_wrote() -> None:
     """Another instance marked one of the two ranges first: one range is this instance's,
     and one ``missed`` event (what the log and the metric count) is emitted."""

@@ -18,9 +18,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..backends.base import (
     BUFFER_WAIT_CAP_MS,
@@ -131,10 +131,13 @@ class ClaimFlows:
         #: job -> how many of its runs ended here (a run that ended while a claim was on
         #: its way wakes that claim too).
         self._ends: dict[str, int] = {}
+        #: Jobs whose start-up catch-up is still claiming: the ledger's look waits for them.
+        self.catching_up: set[str] = set()
 
     def reset(self) -> None:
         self.capacity = Capacity(self.host.threads)
         self.watching.clear()
+        self.catching_up.clear()
         self._batch, self._batch_pending = [], False
         self._ended.clear()
         self._ends.clear()
@@ -339,15 +342,29 @@ class ClaimFlows:
         if self.host.backend.runs is None or options.catch_up_window_ms <= 0:
             return
         if options.catch_up_mode == "all" and armed is not None:
-            self.host.spawn(self._catch_up_all(job, now, armed), f"catch-up {job.name}")
+            self._catching_up(job, self._catch_up_all(job, now, armed), f"catch-up {job.name}")
             return
         slot = job.schedule.latest_at_or_before(now)
         if slot is None or now <= slot + options.max_late_ms:
             return  # still due: the timer's own claim of it is coming
         claim = self.run_claim(job, slot, "catch-up", options.catch_up_ms)
-        self.host.spawn(
-            self._lease_claim(job, claim, now + self.host.lease_ms), f"catch-up {job.name}@{iso(slot)}"
+        self._catching_up(
+            job, self._lease_claim(job, claim, now + self.host.lease_ms),
+            f"catch-up {job.name}@{iso(slot)}",
         )
+
+    def _catching_up(self, job: Job, flow: Coroutine[Any, Any, object], label: str) -> None:
+        """Spawn a catch-up, and hold the ledger's look of ``job`` until it ends: slots it
+        has yet to claim are not missed."""
+        self.catching_up.add(job.name)
+
+        async def tracked() -> None:
+            try:
+                await flow
+            finally:
+                self.catching_up.discard(job.name)
+
+        self.host.spawn(tracked(), label)
 
     async def _catch_up_all(self, job: Job, now: int, armed: int) -> None:
         """``catch_up_mode="all"``: the missed slots run one at a time, oldest first.

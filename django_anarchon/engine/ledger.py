@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -47,8 +48,11 @@ logger = logging.getLogger("django_anarchon")
 LOOK_BACK_MS = 86_400_000
 #: Most schedule slots one look walks per job (a job every second over a day: 86,400).
 MAX_WALK = 200_000
-#: The look at start waits this long first: the start's own catch-up claims go first.
+#: The look at start waits this long first: the start's own catch-up claims go first (a
+#: job whose catch-up is still claiming then is looked at once it has ended).
 FIRST_LOOK_DELAY_S = 5.0
+#: How often a look held for a job's catch-up checks whether the catch-up has ended.
+DEFERRED_POLL_S = 1.0
 #: Jobs per ``job_since`` call, and how often owed slots are offered to the store again.
 SINCE_CHUNK = 500
 OWED_RETRY_S = 30.0
@@ -188,6 +192,8 @@ class LedgerKeeper:
         self.host = host
         #: job -> slots whose claims got no answer from the store: offered again later.
         self.owed: dict[str, set[int]] = {}
+        #: job -> (the job, since when the store knows it): looks held for a catch-up.
+        self.deferred: dict[str, tuple[Job, int]] = {}
 
     @property
     def store(self) -> LedgerStore | None:
@@ -227,8 +233,12 @@ class LedgerKeeper:
             if await self.host.wait_stopping(wait_s):
                 return
             await self.look_back(jobs, since)
-        while not await self.host.wait_stopping(OWED_RETRY_S):
-            await self.pay_owed()
+        owed_at = time.monotonic() + OWED_RETRY_S
+        while not await self.host.wait_stopping(DEFERRED_POLL_S if self.deferred else OWED_RETRY_S):
+            await self.look_deferred()
+            if time.monotonic() >= owed_at:
+                owed_at = time.monotonic() + OWED_RETRY_S
+                await self.pay_owed()
 
     async def since(self, jobs: Sequence[Job]) -> dict[str, int]:
         """Since when the store has known each job with its schedule (``job_since``)."""
@@ -261,12 +271,25 @@ class LedgerKeeper:
             known_since = since.get(job.name)
             if known_since is None:
                 continue
+            if job.name in self.host.claim_flows.catching_up:
+                self.deferred[job.name] = (job, known_since)  # looked at once it is done
+                continue
             try:
                 written += await self._look(store, job, known_since)
             except Exception as exc:
                 self._failed(f"the look back of job {job.name}", exc)
+            self.deferred.pop(job.name, None)
             await asyncio.sleep(0)  # thousands of jobs: let the claims go first
         return written
+
+    async def look_deferred(self) -> int:
+        """The looks held for a catch-up that has ended since."""
+        busy = self.host.claim_flows.catching_up
+        ready = [entry for name, entry in self.deferred.items() if name not in busy]
+        if not ready:
+            return 0
+        return await self.look_back([job for job, _ in ready],
+                                    {job.name: since for job, since in ready})
 
     async def _look(self, store: LedgerStore, job: Job, known_since: int) -> int:
         o = job.options
