@@ -8,19 +8,22 @@ one worker, which runs its slots one at a time, oldest first, each through the n
 lease claim with reason ``backfill``: the store answers ``done`` for a slot that ran
 meanwhile (another backfill of the same range, or a catch-up), so each slot runs once
 however many requests name it. The worker notes its progress (``done``, ``claimed_at``)
-after each slot; a request whose note is older than ``ABANDONED_AFTER_S`` belongs to a
-worker that died, and another one goes on from its progress.
+after each slot, and renews ``claimed_at`` while a slot runs; a request whose note is
+older than ``ABANDONED_AFTER_S`` belongs to a worker that died (or lost its database),
+and another one goes on from its progress. The first worker, back, sees that the
+request is no longer its own and stops, so the slots never run two at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
-from django.db import router, transaction
+from django.db import DatabaseError, router, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
@@ -78,13 +81,42 @@ def claim_backfills(
     return claim_oldest(BackfillRequest, _open(jobs), scheduler, instance_id, limit)
 
 
-def _progress(request_id: int, done: int, finished: bool) -> None:
+#: How often a worker renews its claim of a request while a slot runs.
+RENEW_EVERY_S = ABANDONED_AFTER_S / 4
+
+
+def _progress(request_id: int, instance_id: str, done: int, finished: bool) -> bool:
+    """Note ``done`` (and the end); False when another worker holds the request now."""
     from .models import BackfillRequest
 
     values = {"done": done, "claimed_at": Now()}
     if finished:
         values["finished_at"] = Now()
-    BackfillRequest.objects.filter(pk=request_id, done__lte=done).update(**values)
+    mine = BackfillRequest.objects.filter(
+        pk=request_id, claimed_by=instance_id, finished_at__isnull=True, done__lte=done
+    )
+    return mine.update(**values) > 0
+
+
+def _renew(request_id: int, instance_id: str) -> bool:
+    from .models import BackfillRequest
+
+    mine = BackfillRequest.objects.filter(
+        pk=request_id, claimed_by=instance_id, finished_at__isnull=True
+    )
+    return mine.update(claimed_at=Now()) > 0
+
+
+async def _keep_claimed(request_id: int, instance_id: str) -> None:
+    """Renew the claim until cancelled (or until another worker holds the request)."""
+    renew = sync_to_async(_renew, thread_sensitive=False)
+    while True:
+        await asyncio.sleep(RENEW_EVERY_S)
+        try:
+            if not await renew(request_id, instance_id):
+                return
+        except DatabaseError as exc:
+            logger.warning("backfill request %s: cannot renew its claim (%s)", request_id, exc)
 
 
 async def run_backfill(scheduler: Scheduler, request: BackfillRequest) -> None:
@@ -97,6 +129,8 @@ async def run_backfill(scheduler: Scheduler, request: BackfillRequest) -> None:
         iso(slots[request.done]) if request.done < len(slots) else "-",
         request.requested_by or "?",
     )
+    me = scheduler.instance_id
+    keeper = asyncio.create_task(_keep_claimed(request.pk, me))
     try:
         job = scheduler.get_job(request.job)
         done = request.done
@@ -109,12 +143,19 @@ async def run_backfill(scheduler: Scheduler, request: BackfillRequest) -> None:
                     "backfill request %s: job %s is paused; %s slot(s) left undone",
                     request.pk, job.name, len(slots) - done,
                 )
-                await progress(request.pk, done, True)
+                await progress(request.pk, me, done, True)
                 return
             if outcome is None:
                 return  # the store did not answer: the request is taken up again later
             done += 1
-            await progress(request.pk, done, False)
-        await progress(request.pk, done, True)
+            if not await progress(request.pk, me, done, False):
+                logger.warning(
+                    "backfill request %s: another worker holds it now; this one stops",
+                    request.pk,
+                )
+                return
+        await progress(request.pk, me, done, True)
     except Exception:
         logger.exception("backfill request %s for job %s failed", request.pk, request.job)
+    finally:
+        keeper.cancel()

@@ -213,8 +213,9 @@ class BackfillRequest(models.Model):
 
     ``slots`` are the slots it runs, oldest first (computed when it was filed); each goes
     through the normal claim with reason ``backfill``, so two requests for one range run
-    each slot once. A worker notes its progress in ``claimed_at``: one whose note is older
-    than ``run_requests.ABANDONED_AFTER_S`` died, and another worker goes on with it.
+    each slot once. A worker notes its progress, and renews ``claimed_at`` while a slot
+    runs: a note older than ``run_requests.ABANDONED_AFTER_S`` means its worker died (or
+    lost the database), and another worker goes on with it.
     """
 
     scheduler = models.CharField(_("scheduler"), max_length=100, default="default")

@@ -388,6 +388,41 @@ async def test_two_backfills_of_one_range_run_each_slot_once() -> None:
     assert sorted(r.slot for r in history) == slots and {r.reason for r in history} == {"backfill"}
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_a_backfill_whose_slot_runs_long_stays_with_its_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slot that runs longer than ABANDONED_AFTER_S: its worker renews the claim, so no
+    other worker takes the request and starts the next slot beside it."""
+    from django_anarchon import backfill as backfill_module
+    from django_anarchon.backfill import claim_backfills, run_backfill
+
+    monkeypatch.setattr(backfill_module, "ABANDONED_AFTER_S", 1.0)
+    monkeypatch.setattr(backfill_module, "RENEW_EVERY_S", 0.2)
+    calls = Calls()
+    s = Scheduler(MemoryBackend(), instance_id="A", lease="2s")
+    s.every("bf.long", "1m", _recorder(calls, 2.5), max_late="1s", max_attempts=1)
+    now = real_ms()
+    end = now - now % 60_000 - 60_000
+    plan = await s.abackfill("bf.long", ms_to_datetime(end - 60_000), ms_to_datetime(end),
+                             overlap="allow")
+    assert len(plan.slots) == 2, plan
+    claim = sync_to_async(claim_backfills)
+    await s.start()
+    try:
+        (request,) = await claim("default", "A", ["bf.long"])
+        running = asyncio.create_task(run_backfill(s, request))
+        await wait_for(lambda: len(calls.items) == 1, 10, "the first slot to start")
+        while not running.done():  # well past ABANDONED_AFTER_S, the request is A's
+            assert await claim("default", "B", ["bf.long"]) == []
+            await asyncio.sleep(0.2)
+        await running
+    finally:
+        await stop_all(s)
+    assert len(calls.items) == 2
+    assert calls.items[1]["at"] >= calls.items[0]["at"] + 2_500  # one at a time
+
+
 class _OutageRunStore(MemoryRunStore):
     """The memory lease store, whose claims fail with ``ConnectionError`` while ``down``."""
 
