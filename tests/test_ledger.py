@@ -327,9 +327,36 @@ async def test_pause_and_backfill_are_refused_where_they_cannot_work() -> None:
         await s.abackfill("j", now - timedelta(hours=1), now, overlap="cancel_other")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="'max'"):
         await s.abackfill("j", now - timedelta(hours=1), now, max=0)
+    with pytest.raises(ConfigurationError, match="'requested_by'.*at most 150"):
+        await s.abackfill("j", now - timedelta(hours=1), now, requested_by="x" * 151)
     await s.apause("j")
     with pytest.raises(ConfigurationError, match="is paused"):
         await s.abackfill("j", now - timedelta(hours=1), now)
+
+
+async def test_a_backfill_older_than_what_history_tells_is_refused() -> None:
+    """A full history has dropped older runs, and history_ttl drops old ones: a slot
+    before that bound may have run, so a range that reaches there is refused."""
+    backend = MemoryBackend()
+    s = Scheduler(backend)
+    s.every("full", "1m", _recorder(Calls()), history_size=2)
+    s.every("ttl", "1m", _recorder(Calls()), history_ttl="10m")
+    now = real_ms()
+    end = now - now % 60_000 - 60_000
+    for slot in (end - 120_000, end - 60_000, end):
+        claim = RunClaim("full", slot, f"t{slot}", "old", history_size=2)
+        assert (await backend.runs.claim(claim)).kind == "won"
+        assert await backend.runs.finish("full", slot, f"t{slot}", "success")
+    with pytest.raises(ConfigurationError, match=r"'from'.*history tells which slots ran only"):
+        await s.abackfill("full", ms_to_datetime(end - 300_000), ms_to_datetime(end))
+    # (The runs started just now, long after their slots: any slot of the past may have
+    # run before them and been dropped.)
+    with pytest.raises(ConfigurationError, match=r"'from'.*history tells which slots ran only"):
+        await s.abackfill("ttl", ms_to_datetime(end - 3_600_000), ms_to_datetime(end))
+    plan = await s.abackfill("ttl", ms_to_datetime(end - 300_000), ms_to_datetime(end),
+                             dry_run=True)
+    assert len(plan.slots) == 6, plan
+    await backend.close()
 
 
 async def test_a_dry_run_lists_the_slots_that_never_ran() -> None:

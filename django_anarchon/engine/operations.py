@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from ..backends.base import LedgerStore, PauseState, datetime_to_ms, ledger_of
+from ..backends.base import LedgerStore, PauseState, RunRecord, datetime_to_ms, ledger_of
 from ..durations import parse_duration
 from ..exceptions import ConfigurationError
 from ..jobs import Job
@@ -33,7 +33,8 @@ T = TypeVar("T")
 #: The most slots one backfill may run (``max``'s upper bound), and its default.
 MAX_BACKFILL = 10_000
 DEFAULT_BACKFILL_MAX = 100
-#: The longest pause note and ``by``, as the database stores them.
+#: The longest pause note (this engine's bound) and ``by`` / ``requested_by`` (as the
+#: database stores them).
 MAX_NOTE = 2000
 MAX_BY = 150
 BackfillOverlap = Literal["skip", "allow"]
@@ -215,6 +216,11 @@ class OperatorMixin:
                 f"expected a whole number from 1 to {MAX_BACKFILL:,}", job=name, option="max",
                 value=max,
             )
+        if not isinstance(requested_by, str) or len(requested_by) > MAX_BY:
+            raise ConfigurationError(
+                f"expected text of at most {MAX_BY} characters", job=name,
+                option="requested_by", value=requested_by,
+            )
         if overlap not in ("skip", "allow"):
             raise ConfigurationError(
                 "expected 'skip' or 'allow'", job=name, option="overlap", value=overlap
@@ -242,6 +248,13 @@ class OperatorMixin:
                 "is paused: resume it before a backfill", job=name
             )
         history = await self.backend.history(name, job.options.history_size)
+        told = _told_since(job, history, now)
+        if told is not None and low < told:
+            raise ConfigurationError(
+                f"history tells which slots ran only from {iso(told)} on (history_size="
+                f"{job.options.history_size}, history_ttl): a slot before that may have run; "
+                "start the range later", job=name, option="from", value=start,
+            )
         ran = _ran(history)
         slots = list(_walk(job, low - 1, high))
         todo = tuple(slot for slot in slots if slot not in ran)
@@ -270,3 +283,15 @@ class OperatorMixin:
             self.abackfill, max=max, overlap=overlap, dry_run=dry_run, requested_by=requested_by
         )
         return self._sync("backfill", call, name, start, end)
+
+
+def _told_since(job: Job, history: Sequence[RunRecord], now: int) -> int | None:
+    """From when history still tells whether a slot ran, or ``None`` (all of it): a full
+    history has dropped runs that started before its oldest, and ``history_ttl`` drops
+    the older ones. (The ledger's look stops at the same bound.)"""
+    bounds = []
+    if history and len(history) >= job.options.history_size:
+        bounds.append(min(datetime_to_ms(r.started_at) for r in history))
+    if job.options.history_ttl_ms is not None:
+        bounds.append(now - job.options.history_ttl_ms)
+    return max(bounds) if bounds else None
