@@ -81,16 +81,9 @@ class _History:
         self.claims: dict[_RecordKey, ClaimRecord] = {}
         self.results: dict[_RecordKey, StoredResult] = {}
 
-    def ran(self, slot: int) -> bool:
-        """Whether an attempt of ``slot`` (not a manual run) is in history."""
-        return any(k[0] == slot and not k[3] for k in self.claims) or any(
-            k[0] == slot and not k[3] for k in self.results
-        )
-
-    def has_manual_slot(self, slot: int) -> bool:
-        return any(k[0] == slot and k[3] for k in self.claims) or any(
-            k[0] == slot and k[3] for k in self.results
-        )
+    def has_slot(self, slot: int, *, manual: bool) -> bool:
+        """Whether an attempt of ``slot`` (a manual run, or a scheduled one) is in history."""
+        return any(k[0] == slot and k[3] == manual for k in (*self.claims, *self.results))
 
     def prune(self, now: int, history_size: int, history_ttl_ms: int | None) -> None:
         """Keep the newest ``history_size`` records, and none older than the ttl."""
@@ -356,7 +349,7 @@ class MemoryRunStore:
         if c.reason in PAUSABLE_REASONS and self._paused(c.job, now) is not None:
             state.buffers.get(c.job, {}).pop(c.slot, None)  # a buffered slot waits no more
             return self._skip(c, "paused", now, ClaimOutcome.paused())
-        if c.reason == "backfill" and state.job_history(c.job).ran(c.slot):
+        if c.reason == "backfill" and state.job_history(c.job).has_slot(c.slot, manual=False):
             return ClaimOutcome.done()
         buffer = self._buffer(c.job, now) if c.overlap in BUFFER_POLICIES else {}
         queued = c.slot in buffer
@@ -499,7 +492,7 @@ class MemoryBackend(BaseBackend):
         with self._state.lock:
             history = self._state.job_history(input.job)
             slot = input.slot
-            while history.has_manual_slot(slot):
+            while history.has_slot(slot, manual=True):
                 slot += 1
             history.claims[(slot, input.instance_id, 1, True)] = ClaimRecord(
                 slot=slot, by=input.instance_id, at=self._state.now(), manual=True, reason="manual"

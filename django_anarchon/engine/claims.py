@@ -389,12 +389,7 @@ class ClaimFlows:
         for slot in reversed(slots):
             # Waiting its turn below, a catch-up slot neither buffers nor cancels another.
             claim = replace(self.run_claim(job, slot, "catch-up", window), overlap="skip")
-            while True:
-                outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
-                if outcome is None or outcome.kind != "overlap":
-                    break
-                if await host.wait_stopping(CATCH_UP_OVERLAP_POLL_S):
-                    return
+            outcome = await self._claim_in_turn(job, claim)
             if host.stopping:
                 return
             if outcome is None:
@@ -412,16 +407,23 @@ class ClaimFlows:
         host = self.host
         policy: OverlapPolicy = "skip" if overlap == "skip" else "allow"
         claim = replace(self.run_claim(job, slot, "backfill", None), overlap=policy)
-        while True:
-            outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
-            if outcome is None or outcome.kind != "overlap":
-                break
-            if await host.wait_stopping(CATCH_UP_OVERLAP_POLL_S):
-                return None
+        outcome = await self._claim_in_turn(job, claim)
         if outcome is None:
             return None
         await self._lease_claim(job, claim, now_ms() + host.lease_ms, outcome)
         return outcome.kind
+
+    async def _claim_in_turn(self, job: Job, claim: RunClaim) -> ClaimOutcome | None:
+        """Claim, asking again once a second while the store answers ``overlap`` (the
+        job's other run is still going): the store's last answer, ``None`` if it gave
+        none or the instance is stopping."""
+        host = self.host
+        while True:
+            outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
+            if outcome is None or outcome.kind != "overlap":
+                return outcome
+            if await host.wait_stopping(CATCH_UP_OVERLAP_POLL_S):
+                return None
 
     async def _admit(self, job: Job) -> int:
         """Back-pressure before a claim: the capacity units the claim will hold (0 or 1)."""
