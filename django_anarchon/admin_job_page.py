@@ -178,8 +178,9 @@ class BackfillRow:
         r = self.request
         if r.finished_at is not None:
             return _("finished %(when)s") % {"when": format_when(r.finished_at)}
-        if r.claimed_at is not None:
-            return _("running on %(instance)s") % {"instance": r.claimed_by}
+        if r.claimed_at is not None:  # its worker may have died since: say when it last noted
+            return _("running on %(instance)s (last noted %(when)s)") % {
+                "instance": r.claimed_by, "when": format_when(r.claimed_at)}
         return _("waiting for a worker")
 
     @property

@@ -568,7 +568,7 @@ def test_a_backfill_files_a_request_the_page_follows(filler: Client) -> None:
     BackfillRequest.objects.filter(pk=request.pk).update(
         done=2, claimed_by="worker-7", claimed_at=datetime.now(UTC))
     listed = filler.get(page_url(MINUTELY)).content.decode()
-    assert re.search(rf'data-request="{request.pk}".*?2/4.*?running on worker-7', listed, re.S)
+    assert re.search(rf'data-request="{request.pk}".*?2/4.*?running on worker-7 \(last noted ', listed, re.S)
     BackfillRequest.objects.filter(pk=request.pk).update(done=4, finished_at=datetime.now(UTC))
     listed = filler.get(page_url(MINUTELY)).content.decode()
     assert re.search(rf'data-request="{request.pk}".*?4/4.*?finished 20', listed, re.S)
