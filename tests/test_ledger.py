@@ -327,7 +327,7 @@ async def test_pause_and_backfill_are_refused_where_they_cannot_work() -> None:
         await s.abackfill("j", now - timedelta(hours=1), now, overlap="cancel_other")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="'max'"):
         await s.abackfill("j", now - timedelta(hours=1), now, max=0)
-    with pytest.raises(ConfigurationError, match="'requested_by'.*at most 150"):
+    with pytest.raises(ConfigurationError, match=r"'requested_by'.*at most 150"):
         await s.abackfill("j", now - timedelta(hours=1), now, requested_by="x" * 151)
     await s.apause("j")
     with pytest.raises(ConfigurationError, match="is paused"):
