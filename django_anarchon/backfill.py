@@ -73,12 +73,13 @@ def _open(jobs: Collection[str]) -> Q:
 
 
 def claim_backfills(
-    scheduler: str, instance_id: str, jobs: Collection[str], limit: int = 1
+    scheduler: str, instance_id: str, jobs: Collection[str]
 ) -> list[BackfillRequest]:
-    """The open backfill requests of ``scheduler`` for ``jobs`` that this instance won."""
+    """The oldest open backfill request of ``scheduler`` for ``jobs``, if this instance
+    won it (a worker runs one backfill at a time per scheduler)."""
     from .models import BackfillRequest
 
-    return claim_oldest(BackfillRequest, _open(jobs), scheduler, instance_id, limit)
+    return claim_oldest(BackfillRequest, _open(jobs), scheduler, instance_id, 1)
 
 
 #: How often a worker renews its claim of a request while a slot runs.
