@@ -430,6 +430,70 @@ async def test_heartbeats_go_on_while_finish_is_retried() -> None:
     assert [(r.attempt, r.status) for r in history] == [(1, "success")]
 
 
+# -- a claim whose answer waited before the start ----------------------------------------
+
+
+async def _stall_after_the_win(
+    take_over: bool,
+) -> tuple[Scheduler, _Transport, Calls, Events]:
+    """A wins a lease of 300 ms; its loop then waits 0.5 s before the attempt starts (as a
+    stalled event loop does); meanwhile B takes the lapsed run over, or nobody does."""
+    backend, transport = _transport_backend()
+    s = Scheduler(backend, instance_id="A", lease="300ms", heartbeat="100ms")
+    bodies = Calls()
+    events = Events(s)
+
+    async def stall(event: Event) -> None:
+        if event.job != "victim" or event.reason != "won":
+            return
+        await asyncio.sleep(0.5)  # the stall itself: longer than the whole lease
+        if not take_over:
+            return
+        assert event.slot is not None
+        claim = RunClaim(
+            job="victim", slot=event.slot, token="other", instance_id="B", history_size=20,
+            mode="takeover", reason="takeover", lease_ms=60_000, max_attempts=2,
+        )
+        deadline = time.monotonic() + 5
+        while (await backend.runs.claim(claim)).kind != "won":
+            assert time.monotonic() < deadline, "the takeover claim never won"
+
+    def victim(ctx: JobContext) -> None:
+        bodies.add(by=ctx.instance_id, attempt=ctx.attempt)
+
+    s.on("claim", stall)
+    s.at("victim", iso_in(50), victim, max_attempts=2)
+    await s.start()
+    try:
+        await wait_for(
+            lambda: bool(events.named("success") or events.named("interrupted")), 5, "A's record"
+        )
+    finally:
+        await s.stop()
+    return s, transport, bodies, events
+
+
+async def test_a_won_claim_taken_over_before_its_start_never_starts() -> None:
+    """The start renews a lease older than a heartbeat: refused, the handler never runs
+    (before, it ran beside the backup's attempt until its first heartbeat was refused)."""
+    s, transport, bodies, events = await _stall_after_the_win(take_over=True)
+    assert not bodies.items, "A started a run that B had taken over"
+    assert transport.heartbeat_answers == [False]  # the renewal before the start, refused
+    assert events.named("lost", job="victim")
+    (record,) = [r for r in await s.ahistory("victim") if r.instance_id == "A"]
+    assert record.status == "interrupted"
+    assert record.error is not None and "not started" in record.error
+
+
+async def test_a_won_claim_still_held_after_a_stall_is_renewed_and_runs() -> None:
+    s, transport, bodies, events = await _stall_after_the_win(take_over=False)
+    assert [item["by"] for item in bodies.items] == ["A"]
+    assert transport.heartbeat_answers[:1] == [True]  # the renewal before the start
+    assert not events.named("lost")
+    (record,) = await s.ahistory("victim")
+    assert record.status == "success"
+
+
 # -- finish() whose first reply was lost --------------------------------------------------
 
 

@@ -18,9 +18,10 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..backends.base import (
     BUFFER_WAIT_CAP_MS,
@@ -62,6 +63,17 @@ CATCH_UP_OVERLAP_POLL_S = 1.0
 
 def new_token() -> str:
     return secrets.token_hex(16)
+
+
+class Answer(NamedTuple):
+    """A lease store's answer to a claim, and when the claim was sent (``time.monotonic()``).
+
+    The lease it grants started no earlier than ``asked``: the runner renews a lease whose
+    answer waited before it starts the handler (``engine/runner.py``).
+    """
+
+    outcome: ClaimOutcome
+    asked: float
 
 
 class Capacity:
@@ -274,6 +286,7 @@ class ClaimFlows:
                 for job, slot in live
             ]
             outcomes: list[ClaimOutcome] | None
+            asked = time.monotonic()
             with self.capacity.holding(syncs):
                 try:
                     outcomes = await retry_store_call(
@@ -297,7 +310,7 @@ class ClaimFlows:
                         job,
                         claims[i],
                         slot + job.options.max_late_ms,
-                        None if outcomes is None else outcomes[i],
+                        None if outcomes is None else Answer(outcomes[i], asked),
                     ),
                     f"{job.name}@{iso(slot)}",
                 )
@@ -389,13 +402,13 @@ class ClaimFlows:
         for slot in reversed(slots):
             # Waiting its turn below, a catch-up slot neither buffers nor cancels another.
             claim = replace(self.run_claim(job, slot, "catch-up", window), overlap="skip")
-            outcome = await self._claim_in_turn(job, claim)
+            answer = await self._claim_in_turn(job, claim)
             if host.stopping:
                 return
-            if outcome is None:
+            if answer is None:
                 await host.emit_event("skip", job, slot, reason="late")
                 continue
-            await self._lease_claim(job, claim, now_ms() + host.lease_ms, outcome)
+            await self._lease_claim(job, claim, now_ms() + host.lease_ms, answer)
 
     async def backfill(self, job: Job, slot: int, overlap: str) -> str | None:
         """One slot of a backfill request: claimed with reason ``backfill``, run here if won.
@@ -407,21 +420,24 @@ class ClaimFlows:
         host = self.host
         policy: OverlapPolicy = "skip" if overlap == "skip" else "allow"
         claim = replace(self.run_claim(job, slot, "backfill", None), overlap=policy)
-        outcome = await self._claim_in_turn(job, claim)
-        if outcome is None:
+        answer = await self._claim_in_turn(job, claim)
+        if answer is None:
             return None
-        await self._lease_claim(job, claim, now_ms() + host.lease_ms, outcome)
-        return outcome.kind
+        await self._lease_claim(job, claim, now_ms() + host.lease_ms, answer)
+        return answer.outcome.kind
 
-    async def _claim_in_turn(self, job: Job, claim: RunClaim) -> ClaimOutcome | None:
+    async def _claim_in_turn(self, job: Job, claim: RunClaim) -> Answer | None:
         """Claim, asking again once a second while the store answers ``overlap`` (the
         job's other run is still going): the store's last answer, ``None`` if it gave
         none or the instance is stopping."""
         host = self.host
         while True:
+            asked = time.monotonic()
             outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
-            if outcome is None or outcome.kind != "overlap":
-                return outcome
+            if outcome is None:
+                return None
+            if outcome.kind != "overlap":
+                return Answer(outcome, asked)
             if await host.wait_stopping(CATCH_UP_OVERLAP_POLL_S):
                 return None
 
@@ -531,13 +547,16 @@ class ClaimFlows:
         job: Job,
         claim: RunClaim,
         deadline_ms: int,
-        outcome: ClaimOutcome | None = None,
+        answer: Answer | None = None,
     ) -> None:
         """Claim on a lease store (unless answered already) and follow the answer."""
         host = self.host
         ends = self._ends.get(job.name, 0)
-        if outcome is None:
+        if answer is None:
+            asked = time.monotonic()
             outcome = await self._send_claim(job, claim, deadline_ms)
+        else:
+            outcome, asked = answer
         if outcome is None:
             if not host.stopping:
                 await host.emit_event("skip", job, claim.slot, reason="late")
@@ -559,6 +578,7 @@ class ClaimFlows:
                     reason=claim.reason if claim.mode == "new" else "takeover",
                     token=claim.token,
                     lease=True,
+                    held_at=asked,
                 )
                 if host.stopping and attempt.attempt < job.options.max_attempts:
                     await self._hand_back(attempt)  # a backup takes it over at once
@@ -574,6 +594,7 @@ class ClaimFlows:
                 ):
                     return
                 claim = replace(claim, token=new_token(), mode="new")  # a retry
+                asked = time.monotonic()
                 next_outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
             elif kind == "early":
                 # The store's clock has not reached the slot: wait and ask again, same token.
@@ -587,6 +608,7 @@ class ClaimFlows:
                 )
                 if await host.wait_stopping(wait_ms / 1000):
                     return
+                asked = time.monotonic()
                 next_outcome = await self._send_claim(job, claim, deadline_ms + wait_ms)
             elif kind == "running":
                 if (outcome.attempt or 1) >= job.options.max_attempts:
@@ -601,7 +623,7 @@ class ClaimFlows:
                     self.watching.discard(key)
                 if watched is None:
                     return
-                claim, next_outcome = watched
+                claim, (next_outcome, asked) = watched
             elif kind == "overlap":
                 await host.emit_event("skip", job, claim.slot, reason="overlap")
                 blocker = outcome.slot
@@ -628,6 +650,7 @@ class ClaimFlows:
                 if await self._wait_turn(job, wait_ms, ends):
                     return
                 ends = self._ends.get(job.name, 0)
+                asked = time.monotonic()
                 next_outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
             elif kind == "late":
                 if claim.reason != "catch-up":  # nothing to catch up is not a skip
@@ -651,7 +674,7 @@ class ClaimFlows:
         await self.host.emit_event("cancel", job, slot, error=reason, reason="overlap")
         self.host.cancel_here(job.name, slot, reason)
 
-    async def _watch(self, job: Job, claim: RunClaim) -> tuple[RunClaim, ClaimOutcome] | None:
+    async def _watch(self, job: Job, claim: RunClaim) -> tuple[RunClaim, Answer] | None:
         """Keep an eye on another instance's run; take it over once its lease lapses.
 
         A release hint of the job (``engine/wake.py``) ends the wait between two looks
@@ -662,7 +685,7 @@ class ClaimFlows:
 
     async def _watch_until(
         self, job: Job, claim: RunClaim, woken: asyncio.Event
-    ) -> tuple[RunClaim, ClaimOutcome] | None:
+    ) -> tuple[RunClaim, Answer] | None:
         host = self.host
         runs = host.backend.runs
         assert runs is not None
@@ -686,6 +709,7 @@ class ClaimFlows:
             takeover = replace(
                 claim, token=new_token(), mode="takeover", reason="takeover", max_late_ms=None
             )
+            asked = time.monotonic()
             outcome = await self._send_claim(job, takeover, now_ms() + host.lease_ms)
             if outcome is None:
                 continue
@@ -693,7 +717,7 @@ class ClaimFlows:
                 if (outcome.attempt or 1) >= job.options.max_attempts:
                     return None
                 continue
-            return takeover, outcome
+            return takeover, Answer(outcome, asked)
         return None
 
     async def _hand_back(self, attempt: Attempt) -> None:

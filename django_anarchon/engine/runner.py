@@ -138,6 +138,9 @@ class Attempt:
     cancelled: str | None = None
     #: What the handler (or data provider) raised, or its timeout: for the attempt's trace.
     exception: BaseException | None = None
+    #: ``time.monotonic()`` when the store last confirmed the lease, taken when that claim
+    #: or heartbeat was sent (so never later than the store's own start of the lease).
+    held_at: float | None = None
     _interrupted: asyncio.Future[str] | None = field(default=None, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
     #: Serialises this attempt's heartbeat, finish and release calls (one at a time).
@@ -260,11 +263,15 @@ class Runner:
         attempt.started_at = now_ms()
         await self._emit("start", attempt, self.record(attempt, "running"), reason=attempt.reason)
         heartbeat: asyncio.Task[None] | None = None
-        if attempt.lease and attempt.token is not None:
+        unconfirmed = await self._unconfirmed(attempt)
+        if unconfirmed is None and attempt.lease and attempt.token is not None:
             heartbeat = loop.create_task(self._heartbeat(attempt))
         try:
             try:
-                status, error = await self._execute(attempt)
+                if unconfirmed is None:
+                    status, error = await self._execute(attempt)
+                else:
+                    status, error = "interrupted", unconfirmed
             except Exception as exc:  # the runner's own bug: still one record, never a crash
                 logger.exception("%s failed", self._what(attempt, "the run"))
                 status, error = "failed", error_text(exc)
@@ -575,7 +582,12 @@ class Runner:
         task.add_done_callback(functools.partial(_unlock, lock))
         return await asyncio.shield(task)
 
-    async def _heartbeat(self, attempt: Attempt) -> None:
+    async def _beat(self, attempt: Attempt) -> bool | None:
+        """One heartbeat under the attempt's lock, retried until the lease would lapse.
+
+        ``None`` once finish()/release() has answered (no heartbeat may land after it);
+        a confirmed lease moves ``held_at`` to the time this heartbeat was sent.
+        """
         runs = self.host.backend.runs
         assert runs is not None and attempt.token is not None
         job, slot, token = attempt.job.name, attempt.slot, attempt.token
@@ -584,19 +596,56 @@ class Runner:
         async def beat() -> bool | None:
             if attempt._settled:  # finish()/release() answered while this one waited
                 return None
-            return await self.host.tracing.store(
+            sent = time.monotonic()
+            alive = await self.host.tracing.store(
                 "heartbeat", runs.heartbeat(job, slot, token, lease_ms), job=job, slot=slot
             )
+            if alive:
+                attempt.held_at = sent
+            return alive
 
+        return await retry_store_call(
+            self._what(attempt, "heartbeat"),
+            lambda: self._locked(attempt, beat),
+            deadline_ms=now_ms() + lease_ms,
+        )
+
+    async def _unconfirmed(self, attempt: Attempt) -> str | None:
+        """Why user code must not start (``None``: it may): the lease is not confirmed.
+
+        A lease confirmed more than a heartbeat interval ago is renewed first; if the
+        store refuses (a backup took the run over) or cannot answer, the attempt ends
+        ``interrupted`` unstarted, as one whose lease was lost.
+        """
+        if not attempt.lease or attempt.token is None or attempt.held_at is None:
+            return None
+        age_s = time.monotonic() - attempt.held_at
+        if age_s <= self.host.heartbeat_ms / 1000:
+            return None
+        try:
+            alive = await self._beat(attempt)
+        except Exception:
+            alive = False  # logged: unconfirmed, so it must not start
+        if alive:
+            return None
+        why = (
+            f"not started: its claim was answered {age_s:.1f} s before the start, and the "
+            "store did not confirm the lease then"
+        )
+        logger.warning("%s: %s", self._what(attempt, "the run"), why)
+        attempt.lost = True
+        return why
+
+    async def _heartbeat(self, attempt: Attempt) -> None:
+        """Renew the lease one heartbeat interval after each confirmation, until settled."""
         while not attempt._settled:
-            await asyncio.sleep(self.host.heartbeat_ms / 1000)
+            held_at = attempt.held_at if attempt.held_at is not None else time.monotonic()
+            wait_s = held_at + self.host.heartbeat_ms / 1000 - time.monotonic()
+            await asyncio.sleep(max(wait_s, 0.0))
             try:
-                alive = await retry_store_call(
-                    self._what(attempt, "heartbeat"),
-                    lambda: self._locked(attempt, beat),
-                    deadline_ms=now_ms() + lease_ms,
-                )
+                alive = await self._beat(attempt)
             except Exception:
+                await asyncio.sleep(self.host.heartbeat_ms / 1000)
                 continue  # logged; the store decides whether the lease is still ours
             if alive is None:
                 return
@@ -607,8 +656,8 @@ class Runner:
                     return
                 logger.warning(
                     "job %s slot %s attempt %s: heartbeat refused; the run was taken over",
-                    job,
-                    iso(slot),
+                    attempt.job.name,
+                    iso(attempt.slot),
                     attempt.attempt,
                 )
                 attempt.lost = True
