@@ -341,13 +341,18 @@ def check(jobs: list[JobSpec], lines: list[Line], events: list[Event], rules: Ru
         if s.instance in lives:
             lives[s.instance].first_start = min(lives[s.instance].first_start, s.true_ms)
     first, last = rules.window
+    won: dict[tuple[str, int], list[Line]] = defaultdict(list)
+    for line in lines:
+        if line.event == "claim" and line.reason == "won":
+            won[(line.job, line.slot)].append(line)
     expected = 0
     for spec in jobs:
         for slot in spec.slots(first, last):
             expected += 1
             if (spec.name, slot) in by_run:
                 continue
-            why = _excuse_miss(spec, slot, rules, lives, deaths, store_faults)
+            why = _excuse_miss(spec, slot, rules, lives, deaths, store_faults,
+                               won.get((spec.name, slot), []))
             if why is None:
                 violations.append(Violation(
                     "missed", f"{spec.name} slot {slot} never started "
@@ -451,14 +456,28 @@ def _explain_takeover(
 
 def _excuse_miss(
     spec: JobSpec, slot: int, rules: Rules, lives: dict[str, _Life],
-    deaths: list[tuple[float, _Life]], store_faults: list[Event],
+    deaths: list[tuple[float, _Life]], store_faults: list[Event], won: list[Line],
 ) -> str | None:
-    """The documented blind spot that explains a slot that never started, or None."""
+    """The documented blind spot that explains a slot that never started, or None.
+
+    ``won``: the lines of the claims of ``slot`` that workers said they won.
+    """
     slack = rules.slack_ms
     if not any(life.up_at(slot) for life in lives.values()):
         return "every worker down"
     attempts = spec.max_attempts if rules.lease_store else 1
     if attempts == 1:
+        # The winner said when it won: killed within claim_bound of that (more before its
+        # first start), it never started. This holds whenever it claimed, early or late
+        # (a worker still working through its first seconds claims later than its clock).
+        for claim in won:
+            life = lives.get(claim.instance)
+            if life is None or life.killed is None:
+                continue
+            bound = rules.claim_bound_ms + (
+                rules.first_run_ms if life.first_start > life.killed else 0)
+            if claim.true_ms - slack <= life.killed <= claim.true_ms + bound:
+                return "winner killed before starting"
         # A worker claims slot s at its own clock's s (true s - skew) and starts within
         # claim_bound; killed in that gap, the claim is won and the start never comes.
         # (A lease store answers an early claim "early"; the worker claims again at s.)

@@ -267,3 +267,18 @@ def test_a_claim_only_store_that_holds_early_claims_allows_no_early_start() -> N
     rules = Rules(lease_store=False, holds_early_claims=True, window=(10_000, 20_000))
     v = check([j for j in JOBS if j.name == "a"], ahead, clean_events(), rules)
     only(v, "early")
+
+
+def test_a_winner_that_said_it_won_is_judged_from_its_claim() -> None:
+    """Seen in CI (nats): a +5 s worker working through its first seconds claimed slots
+    1.4 to 3 s early by the true clock (not 5 s) and was killed before starting them. Its
+    own claim line dates the win; killed too long after it, the miss is still a miss."""
+    lines = [x for x in clean_lines() if not (x.job == "a" and x.slot == 14_000)]
+    lines.append(line("a", 14_000, "w2", 12_600, event="claim", reason="won", attempt=0,
+                      skew=5000))
+    ahead = [*clean_events(), *worker("w2", skew=5000, ready=5_000)[:2]]
+    v = verdict(lines, [*ahead, Event("kill", 13_100, "w2")], lease=False)
+    assert v.ok and v.excused == {"missed: winner killed before starting": 1}, v.summary()
+    only(verdict(lines, [*ahead, Event("kill", 16_900, "w2")], lease=False), "missed")
+    lost = [x for x in lines if x.event != "claim"]  # the same death, without its claim line
+    only(verdict(lost, [*ahead, Event("kill", 13_100, "w2")], lease=False), "missed")
