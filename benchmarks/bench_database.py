@@ -167,7 +167,7 @@ def setup_django(conninfo: dict[str, Any], name: str) -> None:
 
 
 async def run_cases(
-    conninfo: dict[str, Any], claims: int, repeat: int
+    conninfo: dict[str, Any], claims: int, repeat: int, only: str = ""
 ) -> tuple[list[str], list[str]]:
     """The table's rows, and what each backend row is worth against the bare statement."""
     cases: list[tuple[str, Callable[[], Maker]]] = [
@@ -180,6 +180,8 @@ async def run_cases(
     ]
     rows: list[str] = []
     results: dict[tuple[str, int], float] = {}
+    if only:  # the bare statements stay: every ratio is against them
+        cases = cases[:2] + [case for case in cases[2:] if only in case[0]]
     for label, maker in cases:
         for claimers in (1, 8):
             runs = [await measure(maker(), claimers, claims) for _ in range(repeat)]
@@ -208,7 +210,7 @@ def main(args: argparse.Namespace) -> None:
             conn.execute("CREATE TABLE bench_bare (job text, slot bigint, token text, "
                          "PRIMARY KEY (job, slot))")
         setup_django(server, name)
-        rows, ratios = asyncio.run(run_cases(conninfo, args.claims, args.repeat))
+        rows, ratios = asyncio.run(run_cases(conninfo, args.claims, args.repeat, args.only))
         batch = asyncio.run(batch_vs_single(args.batch))
         print(f"PostgreSQL {version[0] if version else '?'}, {args.claims} claims per claimer, "
               f"best of {args.repeat}\n")
@@ -235,4 +237,5 @@ if __name__ == "__main__":
     parser.add_argument("--claims", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=1000, help="jobs in the claim_many case")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case; the best counts")
+    parser.add_argument("--only", default="", help="only the backend cases whose label has this")
     main(parser.parse_args())

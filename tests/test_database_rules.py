@@ -506,3 +506,58 @@ def _mark_inserted_in_a_transaction(statements: list[tuple[str, bool]]) -> bool:
     """The ledger's INSERT went out inside a transaction (not in autocommit)."""
     inserts = [auto for sql, auto in statements if "INSERT INTO" in sql and "ledgermark" in sql]
     return len(inserts) == 1 and not inserts[0]
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(Path("postgres_database"), marks=pytest.mark.postgres, id="postgres"),
+    pytest.param(Path("mysql_database"), marks=pytest.mark.mysql, id="mysql"),
+    pytest.param(Path("sqlite_database"), id="sqlite"),
+])
+def test_general_path_round_trips_of_a_contested_slot(
+    path: Path, request: pytest.FixtureRequest
+) -> None:
+    """overlap "allow": the winner's peek, its run and its history row are three
+    statements, no transaction; a loser after it, one (the peek). With "skip" the insert,
+    the overlap look under the job's lock and the history row are one transaction."""
+    from tests.test_database_backend import count
+
+    runs = Runs(request.getfixturevalue(path.fixture), path)
+    job, now = _job("generaltrips"), runs.store.now_ms()
+    runs.store.prepare_job(job)
+    allow: dict[str, Any] = {"overlap": "allow"}
+    outcome, trips = count(runs.alias, lambda: runs.claim(job, now - 5_000, "w", **allow))
+    assert outcome == ClaimOutcome.won(1)
+    assert (trips.round_trips, trips.transactions) == (3, 0), trips.statements
+    outcome, trips = count(runs.alias, lambda: runs.claim(job, now - 5_000, "l", **allow))
+    assert outcome == ClaimOutcome.running(1) and trips.round_trips == 1, trips.statements
+    (record,) = runs.store.history(job, 10)
+    assert (record.attempt, record.status, record.instance_id) == (1, "running", "W")
+
+    skip = _job("generalskip")
+    runs.store.prepare_job(skip)
+    outcome, trips = count(runs.alias, lambda: runs.claim(skip, now - 5_000, "s"))
+    assert outcome == ClaimOutcome.won(1) and trips.transactions == 1, trips.statements
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(Path("postgres_database"), marks=pytest.mark.postgres, id="postgres"),
+    pytest.param(Path("mysql_database"), marks=pytest.mark.mysql, id="mysql"),
+    pytest.param(Path("sqlite_database"), id="sqlite"),
+])
+def test_a_runner_that_died_between_its_run_and_its_history_row_still_gets_its_record(
+    path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The general path's "allow" winner writes its run and its history row one after
+    the other: died in between, its attempt is recorded when the run is taken over."""
+    runs = Runs(request.getfixturevalue(path.fixture), path)
+    job, now = _job("diedbetween"), runs.store.now_ms()
+    slot = now - 5_000
+    assert runs.claim(job, slot, "a", overlap="allow", max_attempts=2) == ClaimOutcome.won(1)
+    RunAttempt.objects.using(runs.alias).filter(job=job).delete()  # never written
+    runs.move(job, slot, lease_until_ms=now - 1)  # its runner is gone
+    takeover = runs.claim(job, slot, "b", mode="takeover", max_attempts=2, overlap="allow")
+    assert takeover == ClaimOutcome.won(2)
+    records = sorted(runs.store.history(job, 10), key=lambda r: r.attempt)
+    assert [(r.attempt, r.status, r.instance_id) for r in records] == [
+        (1, "interrupted", "A"), (2, "running", "B")
+    ]

@@ -18,13 +18,20 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
-from django.db.models import BigIntegerField, Case, F, Q, Value, When
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    connections,
+    models,
+    transaction,
+)
+from django.db.models import BigIntegerField, Case, F, Field, Q, Value, When
 from django.db.models.constants import OnConflict
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -70,6 +77,15 @@ _USED_UP = "lease lapsed; attempts used up"
 _FAST_POLICIES = ("skip", "allow")
 #: What the general path's peek leaves to the next step: the insert, or the lock path.
 _Next = Literal["insert", "lock"]
+
+
+class Peek(NamedTuple):
+    """The general path's lock-free read: its answer, the server's ``now``, and whether
+    the job has a lapsed run with its attempts used up (a sweep is owed)."""
+
+    answer: ClaimOutcome | _Next
+    now: int
+    sweep: bool
 
 # SQLite has one writer at a time per file. Threads of one process queue on this lock
 # (woken at once) instead of sleeping in SQLite's busy handler; other processes still
@@ -515,30 +531,26 @@ class Store:
         keep_reason: bool = False,
     ) -> None:
         """Insert or overwrite one attempt in one statement (``keep_reason``: the claim's wins)."""
-        row = RunAttempt(
-            job=job,
-            slot=slot,
-            scheduled_at=_db_datetime(slot),
-            instance_id=instance_id,
-            manual=manual,
-            attempt=attempt,
-            reason=reason,
-            status=status,
-            started_at=_db_datetime(started_at),
-            finished_at=None if finished_at is None else _db_datetime(finished_at),
-            duration_ms=duration_ms,
-            error=error,
-        )
+        values = {
+            "job": job,
+            "slot": slot,
+            "scheduled_at": _db_datetime(slot),
+            "instance_id": instance_id,
+            "manual": manual,
+            "attempt": attempt,
+            "reason": reason,
+            "status": status,
+            "started_at": _db_datetime(started_at),
+            "finished_at": None if finished_at is None else _db_datetime(finished_at),
+            "duration_ms": duration_ms,
+            "error": error,
+        }
         update = ["status", "started_at", "finished_at", "duration_ms", "error"]
         if not keep_reason:
             update.append("reason")
         features = connections[self.using].features
-        self._attempts().bulk_create(
-            [row],
-            update_conflicts=True,
-            unique_fields=_ATTEMPT_KEY if features.supports_update_conflicts_with_target else None,
-            update_fields=update,
-        )
+        unique = _ATTEMPT_KEY if features.supports_update_conflicts_with_target else ()
+        self._insert(RunAttempt, values, OnConflict.UPDATE, update, unique)
 
     # -- RunStore ----------------------------------------------------------------------
 
@@ -584,23 +596,26 @@ class Store:
     def _run_claim_generic(self, c: RunClaim) -> ClaimOutcome:
         if c.mode == "new":
             peeked = self._peek(c)
-            if isinstance(peeked, ClaimOutcome):
-                return peeked
-            if peeked == "insert":
-                outcome = self._claim_new(c)
+            if isinstance(peeked.answer, ClaimOutcome):
+                return peeked.answer
+            if peeked.answer == "insert":
+                outcome = self._claim_new(c, peeked)
                 if outcome is not None:
                     return outcome
         return self._run_claim_locked(c)
 
-    def _peek(self, c: RunClaim) -> ClaimOutcome | _Next:
-        """One read, no lock: ``running``, or for a run that does not exist ``early``/``late``.
+    def _peek(self, c: RunClaim) -> Peek:
+        """One read, no lock: ``running``, or for a run that does not exist ``early``/``late``;
+        with the server's ``now`` of that read.
 
         Each answer was true when the row was read and changes nothing, so no lock is
         needed; ``running`` still raises the run's ``keep_ms``/``max_attempts`` to the
         claim's (a rare second statement: only when the job's options grew). ``late`` is
         answered here only when it writes no mark (a catch-up, or the slot's mark is there
         already); else, and for a paused job, the lock path decides and marks. The read
-        also takes the job's pause and the slot's mark. ``"insert"``: the insert decides.
+        also takes the job's pause and the slot's mark, and whether the job has a lapsed
+        run with its attempts used up (``swept``: the sweep is owed). ``"insert"``: the
+        insert decides.
         """
         connection = connections[self.using]
         quote = connection.ops.quote_name
@@ -612,36 +627,43 @@ class Store:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT {now_ms_sql(self.vendor)}, {columns}, l.{quote('paused_at_ms')}, "
-                f"l.{quote('paused_until_ms')}, m.{quote('id')} FROM (SELECT 1 AS one) d "
+                f"l.{quote('paused_until_ms')}, m.{quote('id')}, "
+                f"EXISTS (SELECT 1 FROM {quote(Run._meta.db_table)} s "
+                f"WHERE s.{quote('job')} = %s AND s.{quote('state')} = %s "
+                f"AND s.{quote('lease_until_ms')} <= {now_ms_sql(self.vendor)} "
+                f"AND s.{quote('max_attempts')} IS NOT NULL "
+                f"AND s.{quote('attempt')} >= s.{quote('max_attempts')}) "
+                f"FROM (SELECT 1 AS one) d "
                 f"LEFT JOIN {quote(Run._meta.db_table)} r "
                 f"ON r.{quote('job')} = %s AND r.{quote('slot')} = %s "
                 f"LEFT JOIN {quote(JobLock._meta.db_table)} l ON l.{quote('job')} = %s "
                 f"LEFT JOIN {quote(LedgerMark._meta.db_table)} m "
                 f"ON m.{quote('job')} = %s AND m.{quote('slot')} = %s",
-                [c.job, c.slot, c.job, c.job, c.slot],
+                [c.job, RUNNING, c.job, c.slot, c.job, c.job, c.slot],
             )
             row = cursor.fetchone()
-        now, pk, state, token, attempt, lease_until, keep, attempts, paused, until, mark = row
+        (now, pk, state, token, attempt, lease_until, keep, attempts, paused, until, mark,
+         swept) = row
         now = int(now)
         if pk is None:
             if now < c.slot:
-                return ClaimOutcome.early(c.slot - now)
+                return Peek(ClaimOutcome.early(c.slot - now), now, bool(swept))
             if c.reason == "backfill" or (
                 c.reason in PAUSABLE_REASONS and JobRow(now, paused, until).pause(c.job)
             ):
-                return "lock"
+                return Peek("lock", now, bool(swept))
             if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
                 if c.reason == "catch-up" or mark is not None:
-                    return ClaimOutcome.late(now - c.slot)
-                return "lock"
-            return "insert"
+                    return Peek(ClaimOutcome.late(now - c.slot), now, bool(swept))
+                return Peek("lock", now, bool(swept))
+            return Peek("insert", now, bool(swept))
         if state == RUNNING and token != c.token and lease_until > now:
             if (keep, attempts) != (
                 _grown(keep, c.keep_ms), _grown(attempts, c.max_attempts)
             ):
                 self._grow(pk, c)
-            return ClaimOutcome.running(int(attempt))
-        return "insert"
+            return Peek(ClaimOutcome.running(int(attempt)), now, bool(swept))
+        return Peek("lock", now, bool(swept))
 
     def _grow(self, pk: int, c: RunClaim) -> None:
         """Raise a run's ``keep_ms`` and ``max_attempts`` to the claim's; never lower them.
@@ -661,107 +683,157 @@ class Store:
             with self._single_write():
                 self._runs().filter(pk=pk).update(**values)
 
-    def _claim_new(self, c: RunClaim) -> ClaimOutcome | None:
-        """A new run: the unique (job, slot) decides first, then the sweep and overlap.
+    def _claim_new(self, c: RunClaim, peeked: Peek) -> ClaimOutcome | None:
+        """A new run: the unique (job, slot) decides first, then overlap.
 
-        Claimers of one slot wait on the winner's insert, not on each other, and those of
-        other slots (with overlap "skip") take turns on the job's lock row before looking
-        for a live run; an ``overlap`` answer writes its mark under that lock. ``None``:
-        the run exists, or the claim is early or late by now, or the job is paused (read
-        in this transaction, before the insert), so the general lock path decides.
-        Nothing is inserted before the slot.
+        ``peeked`` found no run, the slot due by the server's clock, the claim in time and
+        the job not paused; the lease starts at its ``now`` (never later than the insert).
+        The insert ignores a conflict, so claimers of one slot wait on the winner's insert
+        only, and learn the outcome by peeking again. With overlap "skip", claims of
+        other slots take turns on the job's lock row before looking for a live run, and
+        an ``overlap`` answer writes its mark under that lock: the insert, that look and
+        the history row are one transaction. With "allow" nothing else is decided, so the
+        insert and the history row are a statement each (a runner that dies between them
+        gets its record when the run is taken over or swept: ``_interrupt``). ``None``:
+        the run exists but is not live (the general lock path decides).
         """
-        with self._write():
-            job = self._read_job_row(c.job)
-            now = job.now
-            if now < c.slot or (c.max_late_ms is not None and now > c.slot + c.max_late_ms):
-                return None
-            if c.reason in PAUSABLE_REASONS and job.pause(c.job) is not None:
-                return None
-            run = Run(
-                job=c.job,
-                slot=c.slot,
-                attempt=1,
-                token=c.token,
-                instance_id=c.instance_id,
-                lease_until_ms=now + c.lease_ms,
-                state=RUNNING,
-                reason=c.reason,
-                started_at_ms=now,
-                keep_ms=c.keep_ms,
-                max_attempts=c.max_attempts,
-            )
-            try:
-                with transaction.atomic(using=self.using):
-                    run.save(using=self.using, force_insert=True)
-            except IntegrityError:
-                peeked = self._peek(c)
-                return peeked if isinstance(peeked, ClaimOutcome) else None
-            if c.overlap == "skip":
+        now = peeked.now
+        if c.overlap == "skip":
+            with self._write():
+                if not self._insert_run(c, now):
+                    return self._lost_insert(c)
                 locked_now = self._lock_job(c.job)
                 busy = self._sweep(c.job, c.slot, locked_now)
                 if busy is not None:
-                    run.delete(using=self.using)
+                    self._runs().filter(job=c.job, slot=c.slot, token=c.token).delete()
                     self._mark_skip(c, "overlap", locked_now)
                     return ClaimOutcome.overlap(busy)
-            else:
-                self._sweep(c.job, c.slot, now)
+                self._put_attempt(
+                    c.job, c.slot, c.instance_id, 1, False,
+                    reason=c.reason, status="running", started_at=now,
+                )
+            return ClaimOutcome.won(1)
+        with self._single_write():
+            inserted = self._insert_run(c, now)
+        if not inserted:
+            return self._lost_insert(c)
+        with self._single_write():
             self._put_attempt(
                 c.job, c.slot, c.instance_id, 1, False,
                 reason=c.reason, status="running", started_at=now,
             )
-            return ClaimOutcome.won(1)
+        if peeked.sweep:
+            try:
+                self._sweep_used_up(c.job, c.slot, now)
+            except DatabaseError as exc:  # housekeeping: the next claim of the job sweeps
+                logger.debug("database backend: sweep of job %s failed: %s", c.job, exc)
+        return ClaimOutcome.won(1)
+
+    def _lost_insert(self, c: RunClaim) -> ClaimOutcome | None:
+        """Another claimer's run is there: what it is (``None``: the lock path decides)."""
+        answer = self._peek(c).answer
+        return answer if isinstance(answer, ClaimOutcome) else None
+
+    def _insert_run(self, c: RunClaim, now: int) -> bool:
+        """Insert the claim's run unless (job, slot) exists; whether it was inserted."""
+        values = {
+            "job": c.job, "slot": c.slot, "attempt": 1, "token": c.token,
+            "instance_id": c.instance_id, "lease_until_ms": now + c.lease_ms,
+            "state": RUNNING, "status": None, "reason": c.reason, "manual": False,
+            "started_at_ms": now, "finished_at_ms": None, "keep_ms": c.keep_ms,
+            "max_attempts": c.max_attempts,
+        }
+        return self._insert(Run, values, OnConflict.IGNORE) == 1
+
+    def _insert(
+        self, model: type[models.Model], values: dict[str, Any], on_conflict: OnConflict,
+        update: Sequence[str] = (), unique: Sequence[str] = (),
+    ) -> int:
+        """One row in one statement, a conflict ignored or updated; the rows it changed.
+
+        Django's own conflict clauses (``ON CONFLICT``, ``INSERT IGNORE``, ``ON DUPLICATE
+        KEY UPDATE``, ``INSERT OR IGNORE``) without ``bulk_create``'s transaction around
+        a single statement: one round trip, in the caller's transaction or alone.
+        """
+        connection = connections[self.using]
+        ops, quote = connection.ops, connection.ops.quote_name
+        meta = model._meta
+        fields: list[Field[Any, Any]] = [meta.get_field(name) for name in values]  # type: ignore[misc]
+        suffix = ops.on_conflict_suffix_sql(fields, on_conflict, update, unique)  # columns
+        sql = (
+            f"{ops.insert_statement(on_conflict=on_conflict)} {quote(meta.db_table)} "
+            f"({', '.join(map(quote, values))}) "  # none of these models sets db_column
+            f"VALUES ({', '.join(['%s'] * len(fields))}) {suffix}"
+        )
+        params = [
+            f.get_db_prep_save(v, connection)
+            for f, v in zip(fields, values.values(), strict=True)
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
 
     def _sweep(self, job: str, slot: int, now: int) -> int | None:
         live = self._sweep_live(job, slot, now)
         return max(live, default=None)
 
     def _sweep_live(self, job: str, slot: int, now: int) -> dict[int, int]:
-        """End the job's lapsed runs with their attempts used up; return the newest live slot.
+        """End the job's lapsed runs with their attempts used up; return its live runs.
 
         Before a new run of ``job`` is decided: every other running run whose lease lapsed
         by ``now`` and whose attempt reached its stored ``max_attempts`` becomes finished,
         ``interrupted`` (its attempt too, unless its runner saved a result), so that a
         crashed runner nobody may take over does not stay ``running`` forever. A row with
-        no ``max_attempts`` (the previous release wrote it) is left alone. Candidates are
-        re-read under their row locks, so a heartbeat or finish that got there first keeps
-        its run. The returned slot is what overlap "skip" refuses to run beside.
+        no ``max_attempts`` (the previous release wrote it) is left alone. The live runs
+        (slot: lease end) are what overlap "skip" and the buffers refuse to run beside.
+        One read finds both; lapsed runs that may still be taken over are not read.
         """
         rows = list(
             self._runs()
             .filter(job=job, state=RUNNING)
             .exclude(slot=slot)
-            .values_list("pk", "slot", "lease_until_ms", "attempt", "max_attempts")
+            .filter(Q(lease_until_ms__gt=now) | self._used_up(now))
+            .values_list("pk", "slot", "lease_until_ms")
         )
-        used_up = [
-            pk
-            for pk, _, lease_until, attempt, most in rows
-            if lease_until <= now and most is not None and attempt >= most
-        ]
+        self._sweep_rows([pk for pk, _, lease_until in rows if lease_until <= now], now)
+        return {int(other): int(lease_until) for _, other, lease_until in rows
+                if lease_until > now}
+
+    def _sweep_used_up(self, job: str, slot: int, now: int) -> None:
+        """``_sweep_live`` without the live runs (overlap "allow" runs beside them)."""
+        used_up = list(
+            self._runs()
+            .filter(self._used_up(now), job=job, state=RUNNING)
+            .exclude(slot=slot)
+            .values_list("pk", flat=True)
+        )
         if used_up:
-            swept = list(
-                self._runs()
-                .select_for_update()
-                .filter(
-                    pk__in=used_up,
-                    state=RUNNING,
-                    lease_until_ms__lte=now,
-                    max_attempts__isnull=False,
-                    attempt__gte=F("max_attempts"),
-                )
-                .order_by("slot")
+            with self._write():
+                self._sweep_rows(used_up, now)
+
+    @staticmethod
+    def _used_up(now: int) -> Q:
+        return Q(
+            lease_until_ms__lte=now, max_attempts__isnull=False, attempt__gte=F("max_attempts")
+        )
+
+    def _sweep_rows(self, candidates: list[int], now: int) -> None:
+        """Finish the ``candidates`` still used up, re-read under their row locks, so that
+        a heartbeat or finish that got there first keeps its run."""
+        if not candidates:
+            return
+        swept = list(
+            self._runs()
+            .select_for_update()
+            .filter(self._used_up(now), pk__in=candidates, state=RUNNING)
+            .order_by("slot")
+        )
+        if swept:
+            self._runs().filter(pk__in=[run.pk for run in swept]).update(
+                state=FINISHED, status="interrupted", finished_at_ms=now
             )
-            if swept:
-                self._runs().filter(pk__in=[run.pk for run in swept]).update(
-                    state=FINISHED, status="interrupted", finished_at_ms=now
-                )
-                for run in swept:
-                    self._interrupt(run, now, _USED_UP)
-        return {
-            int(other): int(lease_until)
-            for _, other, lease_until, _, _ in rows
-            if lease_until > now
-        }
+            for run in swept:
+                self._interrupt(run, now, _USED_UP)
 
     def _run_claim_locked(self, c: RunClaim) -> ClaimOutcome:
         with self._write():
