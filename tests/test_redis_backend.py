@@ -461,3 +461,35 @@ def test_client_kill_between_send_and_reply(server: tuple[str, str]) -> None:
             admin.close()
 
     asyncio.run(main())
+
+
+async def test_script_calls_beyond_the_pool_wait_for_a_connection() -> None:
+    """A burst of runs ending together sent more script calls at once than the client's
+    pool holds: each failed with "too many connections" and was retried after a backoff
+    (seen in the 1,000-job burst benchmark). They now wait for a connection."""
+    from django_anarchon.backends.redis.scripts import Script
+
+    backend = RedisBackend(url=URL, key_prefix=f"t-gate-{uuid.uuid4().hex[:8]}",
+                           client_options={"max_connections": 3})
+    script = Script("slow", "redis.call('SET', KEYS[1], ARGV[1]) return ARGV[1]")
+    errors: list[BaseException] = []
+    real_evalsha = backend.client().evalsha
+
+    async def evalsha(*args: Any) -> Any:
+        try:
+            return await real_evalsha(*args)
+        except redis.exceptions.ConnectionError as exc:
+            errors.append(exc)
+            raise
+
+    backend.client().evalsha = evalsha
+    try:
+        keys = [f"{backend.key_prefix}:{i}" for i in range(40)]
+        answers = await asyncio.gather(
+            *(backend.eval(script, [key], [str(i)]) for i, key in enumerate(keys))
+        )
+        assert [int(a) for a in answers] == list(range(40))
+        assert not errors, f"{len(errors)} calls found no connection: {errors[0]!r}"
+    finally:
+        delete_prefix(URL, backend.key_prefix)
+        await backend.close()

@@ -209,6 +209,8 @@ class RedisProtocolBackend(BaseBackend):
         self._cluster = cluster
         self._client_options = dict(client_options or {})
         self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
+        #: Per loop: bounds script calls in flight below the client's pool (``_gate``).
+        self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._lock = threading.Lock()
         self._server_version: str | None = None
         self._prepared: dict[str, tuple[int, int]] = {}
@@ -269,6 +271,7 @@ class RedisProtocolBackend(BaseBackend):
             if client is None:
                 for old in [old for old in self._clients if old.is_closed()]:
                     _abandon(self._clients.pop(old))
+                    self._gates.pop(old, None)
                 client = self._clients[loop] = self._new_client()
             return client
 
@@ -276,6 +279,7 @@ class RedisProtocolBackend(BaseBackend):
         """Close the clients this backend made; a client given with ``client=`` stays open."""
         with self._lock:
             clients, self._clients = self._clients, {}
+            self._gates = {}
         try:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -298,15 +302,30 @@ class RedisProtocolBackend(BaseBackend):
         no_script = self.driver.no_script_error()
         for attempt in range(RETRIES):
             try:
-                try:
-                    return await client.evalsha(script.sha, len(keys), *keys, *args)
-                except no_script:
-                    return await client.eval(script.source, len(keys), *keys, *args)
+                async with self._gate(client):
+                    try:
+                        return await client.evalsha(script.sha, len(keys), *keys, *args)
+                    except no_script:
+                        return await client.eval(script.source, len(keys), *keys, *args)
             except retry_on:
                 if attempt == RETRIES - 1:
                     raise
                 await asyncio.sleep(0.02 * 4**attempt)
         raise AssertionError("unreachable")
+
+    def _gate(self, client: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+        """At most the pool's size, less a spare tenth, of script calls in flight on this
+        loop: a burst of runs ending together waits for a connection here instead of
+        failing with the pool's "too many connections" and retrying after a backoff. The
+        spare is for the wake-up listener, history reads and the like."""
+        size = getattr(getattr(client, "connection_pool", None), "max_connections", None)
+        if not isinstance(size, int) or size < 2:
+            return contextlib.nullcontext()  # a cluster (a pool per node) or a tiny pool
+        loop = asyncio.get_running_loop()
+        gate = self._gates.get(loop)
+        if gate is None:
+            gate = self._gates[loop] = asyncio.Semaphore(max(size - max(size // 10, 1), 1))
+        return gate
 
     async def eval_many(
         self, calls: Sequence[tuple[Script, Sequence[str], Sequence[Any]]]
@@ -325,7 +344,8 @@ class RedisProtocolBackend(BaseBackend):
                 pipe = client.pipeline(transaction=False)
                 for script, keys, args in calls:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
-                results = list(await pipe.execute(raise_on_error=False))
+                async with self._gate(client):
+                    results = list(await pipe.execute(raise_on_error=False))
                 break
             except retry_on:
                 if attempt == RETRIES - 1:
