@@ -157,6 +157,48 @@ async def test_a_full_pool_leaves_new_slots_to_idle_instances() -> None:
     assert max(c["at"] - c["slot"] for c in while_busy) < 150, while_busy
 
 
+async def test_a_burst_beyond_the_pool_is_claimed_in_batches_not_slot_by_slot() -> None:
+    """300 sync jobs due at once on 2 instances of 4 threads each: every slot runs once,
+    and the slots beyond the free threads go out in claim_many batches as threads free
+    up (before: one claim and one waiter per slot, 0.1 s after the pool was full)."""
+    backend = MemoryBackend()
+    singles: list[str] = []
+    batches: list[int] = []
+    real_claim, real_many = backend.runs.claim, backend.runs.claim_many
+
+    async def claim(c: RunClaim) -> ClaimOutcome:
+        singles.append(c.job)
+        return await real_claim(c)
+
+    async def claim_many(claims: list[RunClaim]) -> list[ClaimOutcome]:
+        batches.append(len(claims))
+        return await real_many(claims)
+
+    backend.runs.claim = claim  # type: ignore[method-assign]
+    backend.runs.claim_many = claim_many  # type: ignore[method-assign]
+    calls = Calls()
+
+    def quick(ctx: JobContext) -> None:
+        calls.add(job=ctx.name, by=ctx.instance_id, late=real_ms() - ctx.slot)
+
+    schedulers = [Scheduler(backend, instance_id=i, threads=4) for i in ("A", "B")]
+    at = iso_in(400)
+    for s in schedulers:
+        for i in range(300):
+            s.at(f"burst{i:03d}", at, quick)
+    for s in schedulers:
+        await s.start()
+    try:
+        # Every claim of both instances answered: no other start can come.
+        await wait_for(lambda: len(calls) >= 300 and sum(batches) + len(singles) >= 600, 10,
+                       "every slot of the burst, claimed by both")
+    finally:
+        await stop_all(*schedulers)
+    assert sorted(c["job"] for c in calls.items) == [f"burst{i:03d}" for i in range(300)]
+    assert not singles, f"{len(singles)} slots claimed one by one"
+    assert sum(batches) == 600 and len(batches) < 300, batches
+
+
 class _SlowClaims(MemoryBackend):
     """The memory store behind a transport that holds lease claims until told to go on."""
 

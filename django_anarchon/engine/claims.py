@@ -19,6 +19,7 @@ import contextlib
 import logging
 import secrets
 import time
+import zlib
 from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -48,8 +49,10 @@ __all__ = ["CLAIM_MANY_CHUNK", "Capacity", "ClaimFlows"]
 
 logger = logging.getLogger("django_anarchon")
 
-#: Most claims sent in one ``claim_many`` call.
-CLAIM_MANY_CHUNK = 1000
+#: Most claims sent in one ``claim_many`` call: small enough that a store which locks
+#: what a batch inserts (PostgreSQL) commits it before another instance's batch of the
+#: same slots has waited long on it.
+CLAIM_MANY_CHUNK = 200
 #: An instance whose pool is full waits this long per queued run before it claims anyway,
 #: so that instances with free threads win first...
 BACKLOG_DELAY_MS = 100
@@ -113,6 +116,17 @@ class Capacity:
         finally:
             self.give(n)
 
+    def nudge(self) -> None:
+        """Wake ``freed()`` as a unit given back would."""
+        self._freed.set()
+
+    async def freed(self, timeout_s: float) -> None:
+        """Wait for the next unit given back (or a nudge), at most ``timeout_s``."""
+        self._freed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(timeout_s, 0.0)):
+                await self._freed.wait()
+
     async def admit(self, limit_ms: float) -> None:
         """Wait until a thread is free, at most ``limit_ms`` (the caller then claims anyway)."""
         if not self.backlog or limit_ms <= 0:
@@ -138,6 +152,10 @@ class ClaimFlows:
         self.watching: set[tuple[str, int]] = set()
         self._batch: list[tuple[Job, int]] = []
         self._batch_pending = False
+        #: Sync slots that fell due while the pool was full, with the ``time.monotonic()``
+        #: by which each is claimed anyway; one task drains them (``_drain_overflow``).
+        self._overflow: list[tuple[Job, int, float]] = []
+        self._draining = False
         #: job -> set when a run of it ends here: its buffered slots claim again at once.
         self._ended: dict[str, asyncio.Event] = {}
         #: job -> how many of its runs ended here (a run that ended while a claim was on
@@ -151,6 +169,7 @@ class ClaimFlows:
         self.watching.clear()
         self.catching_up.clear()
         self._batch, self._batch_pending = [], False
+        self._overflow, self._draining = [], False
         self._ended.clear()
         self._ends.clear()
 
@@ -236,15 +255,72 @@ class ClaimFlows:
             if job.is_async or free > 0:
                 free -= 0 if job.is_async else 1
                 together.append((job, slot))
-            else:  # the pool is full: claim later, alone, so that idle instances win it
+            elif many:  # the pool is full: claimed later, together, so that idle instances win
+                self._overflow.append((job, slot, time.monotonic() + self._backlog_s(job)))
+            else:  # ... or alone, each after its own wait
                 host.spawn(self._slot_flow(job, slot), f"{job.name}@{iso(slot)}")
-        if len(together) < 2 or not many:
+        self._claim_together(together, many)
+        if not self._overflow:
+            return
+        if self._draining:
+            self.capacity.nudge()  # a new wait may end before the one the drain sleeps on
+        else:
+            self._draining = True
+            host.spawn(self._drain_overflow(), "claims waiting for threads")
+
+    def _claim_together(
+        self, together: list[tuple[Job, int]], many: bool, admitted: bool = False
+    ) -> None:
+        """Claim in batches of ``CLAIM_MANY_CHUNK`` where the store can; a lone slot
+        alone, after its own wait for a thread, unless it was ``admitted`` already."""
+        host = self.host
+        if not together:
+            return
+        if (len(together) < 2 and not admitted) or not many:
             for job, slot in together:
                 host.spawn(self._slot_flow(job, slot), f"{job.name}@{iso(slot)}")
             return
+        # Each instance claims a burst in an order of its own (a job's slots stay in
+        # order): their batches then first meet slots nobody holds yet, instead of all
+        # waiting on the same rows in the same order.
+        together = sorted(together, key=lambda due: (self._spread(due[0].name), due[1]))
         for start in range(0, len(together), CLAIM_MANY_CHUNK):
             chunk = together[start : start + CLAIM_MANY_CHUNK]
             host.spawn(self._claim_batch(chunk), f"{len(chunk)} claims")
+
+    def _spread(self, job: str) -> int:
+        return zlib.crc32(f"{self.host.instance_id}\0{job}".encode())
+
+    def _backlog_s(self, job: Job) -> float:
+        """How long a sync claim waits for a free thread before it goes out anyway."""
+        backlog = self.capacity.backlog
+        return min(BACKLOG_DELAY_MS * backlog, job.options.max_late_ms * BACKLOG_MAX_SHARE) / 1000
+
+    async def _drain_overflow(self) -> None:
+        """Claim the slots that fell due while the pool was full: as many as there are
+        free threads whenever one frees up, and each one whose wait is over, in batches
+        (one round trip each), not one claim and one waiter per slot."""
+        host, capacity = self.host, self.capacity
+        try:
+            while self._overflow and not host.stopping:
+                now = time.monotonic()
+                free = max(capacity.free, 0)
+                chosen: list[tuple[Job, int]] = []
+                waiting: list[tuple[Job, int, float]] = []
+                for job, slot, until in self._overflow:
+                    if until <= now or free > 0:
+                        free -= 0 if until <= now else 1
+                        chosen.append((job, slot))
+                    else:
+                        waiting.append((job, slot, until))
+                self._overflow = waiting
+                if chosen:
+                    self._claim_together(chosen, True, admitted=True)
+                    await asyncio.sleep(0)  # the batch takes its units before the next look
+                    continue
+                await capacity.freed(min(until for _, _, until in waiting) - now)
+        finally:
+            self._draining = False
 
     async def _slot_flow(self, job: Job, slot: int) -> None:
         host = self.host

@@ -149,6 +149,9 @@ class Attempt:
     _ending: bool = field(default=False, init=False, repr=False)
     #: finish()/release() has answered: no heartbeat may reach the store any more.
     _settled: bool = field(default=False, init=False, repr=False)
+    #: Called once user code has returned (or was given up): its thread is free again,
+    #: whatever store calls the attempt still makes (``Scheduler.run_attempt``).
+    on_user_code_done: Callable[[], None] | None = field(default=None, repr=False)
 
     def abort(self, reason: str) -> None:
         """Abort the handler's signal (it may still finish; the grace is the caller's).
@@ -268,10 +271,14 @@ class Runner:
             heartbeat = loop.create_task(self._heartbeat(attempt))
         try:
             try:
-                if unconfirmed is None:
-                    status, error = await self._execute(attempt)
-                else:
-                    status, error = "interrupted", unconfirmed
+                try:
+                    if unconfirmed is None:
+                        status, error = await self._execute(attempt)
+                    else:
+                        status, error = "interrupted", unconfirmed
+                finally:
+                    if attempt.on_user_code_done is not None:
+                        attempt.on_user_code_done()
             except Exception as exc:  # the runner's own bug: still one record, never a crash
                 logger.exception("%s failed", self._what(attempt, "the run"))
                 status, error = "failed", error_text(exc)

@@ -923,12 +923,22 @@ class Scheduler(OperatorMixin):
                 attempt.cancel(reason)
 
     async def run_attempt(self, attempt: Attempt) -> RunRecord:
-        """Run an attempt here; a sync one holds a unit of the pool's capacity meanwhile."""
+        """Run an attempt here; a sync one holds a unit of the pool's capacity until its
+        user code has returned (its finish and history writes need no thread)."""
         self._attempts.add(attempt)
+        capacity = self._claims.capacity
+        units = [0 if attempt.job.is_async else 1]
+
+        def given_back() -> None:
+            if units:
+                capacity.give(units.pop())
+
+        capacity.take(units[0])
+        attempt.on_user_code_done = given_back
         try:
-            with self._claims.capacity.holding(0 if attempt.job.is_async else 1):
-                return await self._runner.run(attempt)
+            return await self._runner.run(attempt)
         finally:
+            given_back()
             self._attempts.discard(attempt)
             if attempt.lease:
                 self._claims.run_ended(attempt.job.name)
