@@ -54,6 +54,12 @@ PATHS = [
     pytest.param(Path("sqlite_database"), id="sqlite-general"),
     pytest.param(Path("sqlite_database", lock_only=True), id="sqlite-lock"),
 ]
+#: The general path on each database (PostgreSQL with ``fast_path=False``).
+GENERAL = [
+    pytest.param(Path("postgres_database"), marks=pytest.mark.postgres, id="postgres"),
+    pytest.param(Path("mysql_database"), marks=pytest.mark.mysql, id="mysql"),
+    pytest.param(Path("sqlite_database"), id="sqlite"),
+]
 
 
 class Runs:
@@ -472,11 +478,7 @@ def test_fast_path_round_trips_of_the_new_rules(postgres_database: str) -> None:
     assert trips.round_trips == 1, trips.statements
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(Path("postgres_database"), marks=pytest.mark.postgres, id="postgres"),
-    pytest.param(Path("mysql_database"), marks=pytest.mark.mysql, id="mysql"),
-    pytest.param(Path("sqlite_database"), id="sqlite"),
-])
+@pytest.mark.parametrize("path", GENERAL)
 def test_general_path_early_is_one_statement(path: Path, request: pytest.FixtureRequest) -> None:
     """The general path answers ``early`` (and a ``late`` that owes no mark) from its
     lock-free peek; a ``late`` that owes one takes the lock path, which writes it."""
@@ -508,11 +510,7 @@ def _mark_inserted_in_a_transaction(statements: list[tuple[str, bool]]) -> bool:
     return len(inserts) == 1 and not inserts[0]
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(Path("postgres_database"), marks=pytest.mark.postgres, id="postgres"),
-    pytest.param(Path("mysql_database"), marks=pytest.mark.mysql, id="mysql"),
-    pytest.param(Path("sqlite_database"), id="sqlite"),
-])
+@pytest.mark.parametrize("path", GENERAL)
 def test_general_path_round_trips_of_a_contested_slot(
     path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -539,11 +537,7 @@ def test_general_path_round_trips_of_a_contested_slot(
     assert outcome == ClaimOutcome.won(1) and trips.transactions == 1, trips.statements
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(Path("postgres_database"), marks=pytest.mark.postgres, id="postgres"),
-    pytest.param(Path("mysql_database"), marks=pytest.mark.mysql, id="mysql"),
-    pytest.param(Path("sqlite_database"), id="sqlite"),
-])
+@pytest.mark.parametrize("path", GENERAL)
 def test_a_runner_that_died_between_its_run_and_its_history_row_still_gets_its_record(
     path: Path, request: pytest.FixtureRequest
 ) -> None:
