@@ -24,6 +24,8 @@ logger = logging.getLogger("django_anarchon")
 
 #: Longest single sleep, so a wall-clock step is noticed within this many seconds.
 MAX_SLEEP_S = 30.0
+#: A wait this short is slept on the timer's thread, not through the loop (``_run``).
+SHORT_SLEEP_S = 0.002
 
 
 def now_ms() -> int:
@@ -139,9 +141,17 @@ class Timer:
                     left_ns = self._heap[0][0] * 1_000_000 - time.time_ns()
                     delay = min(max(left_ns / 1e9, 0), MAX_SLEEP_S)
                 self._wake.clear()
-                if delay > 0:
+                # The event loop's wait ends late: epoll counts whole milliseconds (rounded
+                # up) and the kernel lets a wait of T run over by about T/1000 (its timer
+                # slack), 1 to 2 ms for a slot a second away. So the loop's wait ends that
+                # much early, and the last stretch is slept here, blocking the loop for at
+                # most SHORT_SLEEP_S plus the slack.
+                early = SHORT_SLEEP_S + delay / 500
+                if 0 < delay <= early:
+                    time.sleep(delay)  # noqa: ASYNC251 - deliberate: at most ~2 ms (above)
+                elif delay > 0:
                     try:
-                        async with asyncio.timeout(delay):
+                        async with asyncio.timeout(delay - early):
                             await self._wake.wait()
                     except TimeoutError:
                         pass
