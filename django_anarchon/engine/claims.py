@@ -82,9 +82,9 @@ class Answer(NamedTuple):
 class Capacity:
     """How many sync handlers this instance can start now: its pool's free threads.
 
-    A unit is held by each sync attempt running here and by each sync claim waiting for
-    its answer, so an instance whose pool is full claims later than idle ones, and they
-    win the slot (back-pressure).
+    A unit is held by each sync attempt until its user code has returned, and by each
+    sync claim waiting for its answer, so an instance whose pool is full claims later
+    than idle ones, and they win the slot (back-pressure).
     """
 
     def __init__(self, threads: int) -> None:
@@ -127,19 +127,12 @@ class Capacity:
             async with asyncio.timeout(max(timeout_s, 0.0)):
                 await self._freed.wait()
 
-    async def admit(self, limit_ms: float) -> None:
-        """Wait until a thread is free, at most ``limit_ms`` (the caller then claims anyway)."""
-        if not self.backlog or limit_ms <= 0:
-            return
+    async def admit(self, limit_s: float) -> None:
+        """Wait until a thread is free, at most ``limit_s`` (the caller then claims anyway)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit_ms / 1000
+        deadline = loop.time() + limit_s
         while self.backlog and (left := deadline - loop.time()) > 0:
-            self._freed.clear()
-            try:
-                async with asyncio.timeout(left):
-                    await self._freed.wait()
-            except TimeoutError:
-                return
+            await self.freed(left)
 
 
 class ClaimFlows:
@@ -521,10 +514,7 @@ class ClaimFlows:
         """Back-pressure before a claim: the capacity units the claim will hold (0 or 1)."""
         if job.is_async:
             return 0
-        backlog = self.capacity.backlog
-        if backlog:
-            limit = min(BACKLOG_DELAY_MS * backlog, job.options.max_late_ms * BACKLOG_MAX_SHARE)
-            await self.capacity.admit(limit)
+        await self.capacity.admit(self._backlog_s(job))
         return 1
 
     # -- claim-only stores ------------------------------------------------------------

@@ -270,20 +270,6 @@ class Store:
         now = max((int(row[1]) for row in rows), default=None)
         return (self.now_ms() if now is None else now), {row[0]: row[2:] for row in rows}
 
-    def _read_job_row(self, job: str) -> JobRow:
-        """The server's ``now`` and the job's pause, without a lock: one statement."""
-        connection = connections[self.using]
-        quote = connection.ops.quote_name
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT {now_ms_sql(self.vendor)}, l.{quote('paused_at_ms')}, "
-                f"l.{quote('paused_until_ms')} FROM (SELECT 1 AS one) d "
-                f"LEFT JOIN {quote(JobLock._meta.db_table)} l ON l.{quote('job')} = %s",
-                [job],
-            )
-            now, paused_at, until = cursor.fetchone()
-        return JobRow(int(now), paused_at, until)
-
     def _create_lock(self, job: str) -> None:
         try:
             with transaction.atomic(using=self.using):
@@ -614,7 +600,7 @@ class Store:
         answered here only when it writes no mark (a catch-up, or the slot's mark is there
         already); else, and for a paused job, the lock path decides and marks. The read
         also takes the job's pause and the slot's mark, and whether the job has a lapsed
-        run with its attempts used up (``swept``: the sweep is owed). ``"insert"``: the
+        run with its attempts used up (``sweep``: the sweep is owed). ``"insert"``: the
         insert decides.
         """
         connection = connections[self.using]
@@ -644,26 +630,26 @@ class Store:
             row = cursor.fetchone()
         (now, pk, state, token, attempt, lease_until, keep, attempts, paused, until, mark,
          swept) = row
-        now = int(now)
+        now, sweep = int(now), bool(swept)
         if pk is None:
             if now < c.slot:
-                return Peek(ClaimOutcome.early(c.slot - now), now, bool(swept))
+                return Peek(ClaimOutcome.early(c.slot - now), now, sweep)
             if c.reason == "backfill" or (
                 c.reason in PAUSABLE_REASONS and JobRow(now, paused, until).pause(c.job)
             ):
-                return Peek("lock", now, bool(swept))
+                return Peek("lock", now, sweep)
             if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
                 if c.reason == "catch-up" or mark is not None:
-                    return Peek(ClaimOutcome.late(now - c.slot), now, bool(swept))
-                return Peek("lock", now, bool(swept))
-            return Peek("insert", now, bool(swept))
+                    return Peek(ClaimOutcome.late(now - c.slot), now, sweep)
+                return Peek("lock", now, sweep)
+            return Peek("insert", now, sweep)
         if state == RUNNING and token != c.token and lease_until > now:
             if (keep, attempts) != (
                 _grown(keep, c.keep_ms), _grown(attempts, c.max_attempts)
             ):
                 self._grow(pk, c)
-            return Peek(ClaimOutcome.running(int(attempt)), now, bool(swept))
-        return Peek("lock", now, bool(swept))
+            return Peek(ClaimOutcome.running(int(attempt)), now, sweep)
+        return Peek("lock", now, sweep)
 
     def _grow(self, pk: int, c: RunClaim) -> None:
         """Raise a run's ``keep_ms`` and ``max_attempts`` to the claim's; never lower them.
