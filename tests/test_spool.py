@@ -79,8 +79,10 @@ def test_kill_9_while_appending_leaves_a_spool_that_parses(tmp_path: Path) -> No
     proc = subprocess.Popen([sys.executable, "-c", writer, str(tmp_path)], cwd=ROOT)
     path = Spool(tmp_path, "default", "abc", "A").path
     try:
-        wait_for_sync(lambda: path.exists() and path.stat().st_size > 2_000_000, 30,
-                      "the writer to append a hundred entries")
+        # An entry is a little over 20 kB: 2 MB held only 99 whole ones once (CI), so
+        # wait for room for well over a hundred, one of them possibly torn.
+        wait_for_sync(lambda: path.exists() and path.stat().st_size > 2_500_000, 30,
+                      "the writer to append over a hundred entries")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
