@@ -348,3 +348,52 @@ async def test_the_store_clock_offset_is_not_biased_by_the_round_trip(skew: Any)
     assert await clock.measure(_Delayed(true_store()), "tick")
     # True offset -5000 ms; the low end read -5020 (20 ms late), the midpoint about -5000.
     assert abs(clock.offset_ms + 5_000) <= 8, clock.offset_ms
+
+
+async def test_a_full_pool_claims_each_jobs_slots_in_slot_order() -> None:
+    """A job's slots leave an instance in slot order even while its pool is full.
+
+    On Redis ``stream-id`` a later slot's claim that reaches the store first loses the
+    earlier slot for every instance (XADD only takes a larger ID): a CI fault run lost one
+    so. Before: a slot that fell due as a thread came free went out ahead of the older
+    slots waiting for one, and the waiting slots went out as each one's own wait ended
+    (longer when the pool was fuller), not in slot order.
+    """
+    backend = MemoryBackend()
+    sent: list[tuple[str, int]] = []
+    real_claim, real_many = backend.runs.claim, backend.runs.claim_many
+
+    async def claim(c: RunClaim) -> ClaimOutcome:
+        sent.append((c.job, c.slot))
+        return await real_claim(c)
+
+    async def claim_many(claims: list[RunClaim]) -> list[ClaimOutcome]:
+        sent.extend((c.job, c.slot) for c in claims)
+        return await real_many(claims)
+
+    backend.runs.claim = claim  # type: ignore[method-assign]
+    backend.runs.claim_many = claim_many  # type: ignore[method-assign]
+    scheduler = Scheduler(backend, instance_id="A", threads=1)
+    job = scheduler.every("tick", "1h", lambda ctx: None, overlap="allow")
+    await scheduler.start()
+    flows = scheduler._claims
+    slot = real_ms() - 1_000  # due already; the timer's own slot is an hour away
+    try:
+        # 1. The pool 3 over: the first slot waits 0.3 s; then 1 over: the next waits 0.1 s.
+        flows.capacity.take(3)
+        flows.due(job, slot)
+        await asyncio.sleep(0)
+        flows.capacity.give(2)
+        flows.due(job, slot + 1)
+        await wait_for(lambda: len(sent) >= 2 and flows.capacity.used == 1, 5, "two claims")
+        first = list(sent)
+        # 2. A slot falls due just as a thread comes free, before the queue is looked at.
+        flows.due(job, slot + 2)
+        await asyncio.sleep(0.02)  # the queue's drain now waits (0.1 s) for a free thread
+        flows.due(job, slot + 3)
+        flows.capacity.give(1)
+        await wait_for(lambda: len(sent) >= 4, 5, "four claims")
+    finally:
+        await stop_all(scheduler)
+    assert first == [("tick", slot), ("tick", slot + 1)], first
+    assert sent[2:] == [("tick", slot + 2), ("tick", slot + 3)], sent

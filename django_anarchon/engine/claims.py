@@ -244,12 +244,16 @@ class ClaimFlows:
         many = callable(getattr(target, "claim_many", None))
         free = self.capacity.free
         together: list[tuple[Job, int]] = []
+        queued = {job.name: until for job, _, until in self._overflow}
         for job, slot in batch:
-            if job.is_async or free > 0:
+            if job.is_async or (free > 0 and job.name not in queued):
                 free -= 0 if job.is_async else 1
                 together.append((job, slot))
             elif many:  # the pool is full: claimed later, together, so that idle instances win
-                self._overflow.append((job, slot, time.monotonic() + self._backlog_s(job)))
+                # Behind the job's slots already waiting, never ahead (slot order).
+                until = max(time.monotonic() + self._backlog_s(job), queued.get(job.name, 0.0))
+                queued[job.name] = until
+                self._overflow.append((job, slot, until))
             else:  # ... or alone, each after its own wait
                 host.spawn(self._slot_flow(job, slot), f"{job.name}@{iso(slot)}")
         self._claim_together(together, many)
