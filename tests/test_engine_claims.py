@@ -327,12 +327,14 @@ async def test_a_stop_while_the_store_is_down_at_start_ends_the_wait() -> None:
 class _Delayed:
     """The real memory store's clock behind a transport with 20 ms each way."""
 
+
     def __init__(self, backend: MemoryBackend) -> None:
-        self.runs = backend.runs
+        self.store = backend.runs
+        self.runs = self
 
     async def now_ms(self, job: str) -> int:
         await asyncio.sleep(0.02)
-        store = int(await self.runs.now_ms(job))
+        store = int(await self.store.now_ms(job))
         await asyncio.sleep(0.02)
         return store
 

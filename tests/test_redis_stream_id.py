@@ -172,3 +172,42 @@ def test_a_failed_claim_keeps_its_place_before_the_next_slot(make: Factory) -> N
             await backend.close()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_ahead_claims_at_the_servers_slot_not_seconds_early(
+    make: Factory, skew: Any
+) -> None:
+    """A fault run lost a slot so: a worker 5 s ahead sent each claim 5 s early; the
+    server held each until its slot (``early``), each held a thread meanwhile, so the
+    pool overflowed and the slots went out in batches, and a win inside a batch was acted
+    on only once the batch's last slot was claimable, 1.8 s later: killed in between, it
+    never ran. Its timers are now armed by the server's clock, as on a lease store."""
+    from django_anarchon.engine import Scheduler
+
+    from .test_engine_support import Calls, real_ms, stop_all, wait_for
+
+    skew(5_000)
+    sent: list[tuple[int, float]] = []
+    calls = Calls()
+
+    async def scenario() -> None:
+        backend = make(1000)
+        real_claim = backend.claim
+
+        async def claim(input: ClaimInput) -> bool:
+            sent.append((input.slot, real_ms()))
+            return await real_claim(input)
+
+        backend.claim = claim  # type: ignore[method-assign]
+        ahead = Scheduler(backend, instance_id="ahead", threads=4)
+        ahead.every("tick", "100ms", lambda ctx: calls.add(slot=ctx.slot, at=real_ms()))
+        await ahead.start()
+        try:
+            await wait_for(lambda: len(calls) >= 20, 15, "twenty runs")
+        finally:
+            await stop_all(ahead)
+
+    asyncio.run(scenario())
+    assert all(at >= slot - 300 for slot, at in sent), [s for s in sent if s[1] < s[0] - 300][:5]
+    for call in calls.items:
+        assert call["slot"] <= call["at"] < call["slot"] + 1_000, call

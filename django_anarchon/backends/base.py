@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import json
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -528,6 +528,10 @@ class BaseBackend(abc.ABC):
     dedupe_window_ms: float = math.inf
     #: The lease store, on backends that have leases.
     runs: RunStore | None = None
+    #: On a store without leases that still judges an early claim by its own clock
+    #: (Redis ``stream-id``): ``await store_now(job)`` reads that clock, epoch ms, and
+    #: the engine arms its timers by it. A lease store's clock is ``runs.now_ms``.
+    store_now: Callable[[str], Awaitable[int]] | None = None
     #: Whether the store outlives this process (so a spool of its records can be replayed).
     durable: ClassVar[bool] = True
 

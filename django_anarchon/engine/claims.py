@@ -324,8 +324,9 @@ class ClaimFlows:
         if host.stopping:
             return
         if host.backend.runs is None:
-            # No store clock to ask: lateness is judged here (see docs/concepts.md).
-            if now_ms() > slot + job.options.max_late_ms:
+            # No lease store to ask: lateness is judged here, on the store's clock where
+            # it has one (``store_now``), else this worker's (see docs/concepts.md).
+            if host.clock.now() > slot + job.options.max_late_ms:
                 await host.emit_event("skip", job, slot, reason="late")
                 return
             await self._claim_only(job, slot)
@@ -341,7 +342,7 @@ class ClaimFlows:
         runs = host.backend.runs
         live = batch
         if runs is None:
-            now = now_ms()
+            now = host.clock.now()
             live = []
             for job, slot in batch:
                 if now > slot + job.options.max_late_ms:

@@ -11,10 +11,13 @@ after the others, and it lost every race to them (a fault run's worker 5 s ahead
 nothing for 12 s). A claim armed by the midpoint still travels half a round trip, so it
 does not reach the store before the slot either.
 
-The offset is read from a lease store's optional ``runs.now_ms(job)`` at start and then
-every ``REFRESH_S``; a store without it, or a read that fails, leaves the offset as it
-was (0 at first), which is the old behaviour. It only ever moves when a claim is sent:
-whether a run may start is still the store's answer to the claim.
+The offset is read from a lease store's optional ``runs.now_ms(job)``, or from a
+claim-only store's ``store_now(job)`` when it too answers ``early`` by its own clock
+(Redis ``stream-id``: a worker ahead used to send every claim seconds early, each held
+its thread and its claim batch until its slot, and a win was acted on only once the whole
+batch was answered), at start and then every ``REFRESH_S``; a store without either, or a
+read that fails, leaves the offset as it was (0 at first). It only ever moves when a
+claim is sent: whether a run may start is still the store's answer to the claim.
 """
 
 from __future__ import annotations
@@ -48,9 +51,9 @@ class StoreClock:
     def local(self, store_ms: int) -> int:
         return store_ms - self.offset_ms
 
-    async def measure(self, runs: Any, job: str) -> bool:
+    async def measure(self, backend: Any, job: str) -> bool:
         """Read the store's clock (around ``job``'s runs); ``False`` if it cannot tell."""
-        read = getattr(runs, "now_ms", None)
+        read = getattr(backend.runs, "now_ms", None) or getattr(backend, "store_now", None)
         if read is None:
             return False
         best: tuple[int, int] | None = None  # (round trip, offset)

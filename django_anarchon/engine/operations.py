@@ -84,7 +84,7 @@ class OperatorMixin:
         """The store's now: a scheduler that is not running (a command, the admin) reads
         the store's clock first, since its offset is measured only at start."""
         if not self.running:
-            await self.clock.measure(self.backend.runs, job)
+            await self.clock.measure(self.backend, job)
         return self.clock.now()
 
     def _ledger_store(self, job: str, what: str) -> LedgerStore:

@@ -552,7 +552,7 @@ class Scheduler(OperatorMixin):
         self._listener = WakeListener(self.backend, self.wakes, f"scheduler {self.name}")
         self._listener.start()
         self.spawn(self.owed.replay(), "spool replay")
-        if self.backend.runs is not None:
+        if self.backend.runs is not None or getattr(self.backend, "store_now", None):
             await self._read_clock()
             self.spawn(self._follow_clock(), "store clock")
         now = self.clock.now()
@@ -574,7 +574,7 @@ class Scheduler(OperatorMixin):
         """Measure the store's clock offset (bounded: a store that hangs leaves it as is)."""
         try:
             async with asyncio.timeout(CLOCK_READ_S):
-                await self.clock.measure(self.backend.runs, next(iter(self._jobs), "-"))
+                await self.clock.measure(self.backend, next(iter(self._jobs), "-"))
         except TimeoutError:
             logger.warning("scheduler %s: the store's clock did not answer within %ss",
                            self.name, CLOCK_READ_S)

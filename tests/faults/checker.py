@@ -491,9 +491,9 @@ def _excuse_miss(
             hi = slot - life.skew_ms + bound
             if rules.store_clock and life.skew_ms > 0:
                 hi = slot + bound  # told "early", it waits for the slot
-            # On a lease store every worker arms its timers by the store's clock
-            # (engine/clock.py), so whatever its skew it claims at the true slot.
-            by_store = rules.lease_store and slot - slack <= t <= slot + bound
+            # Where the store's clock decides (a lease store, stream-id), every worker arms
+            # its timers by it (engine/clock.py): whatever its skew, it claims at the slot.
+            by_store = rules.store_clock and slot - slack <= t <= slot + bound
             if (lo <= t <= hi or by_store) and life.ready <= t:
                 return "winner killed before starting"
     else:

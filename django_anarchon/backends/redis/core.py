@@ -218,6 +218,8 @@ class RedisProtocolBackend(BaseBackend):
         self.runs: RedisRunStore | None = (
             RedisRunStore(self) if self.strategy.name == "lease" else None
         )
+        if self.strategy.name == "stream-id":  # its claim script answers "early" by TIME
+            self.store_now = self._server_now
         if client is None:
             self._client_class()  # fail now, with the extra to install, if the library is missing
 
@@ -449,6 +451,10 @@ class RedisProtocolBackend(BaseBackend):
             [f"{base}:c:{input.slot}", *hist],
             [*common, self.strategy.window_ms, *tail],
         )
+
+    async def _server_now(self, job: str) -> int:
+        """The clock of the server that holds ``job``'s stream (``store_now``)."""
+        return int(await self.eval(scripts.NOW, [f"{self.job_key(job)}:s"], []))
 
     async def claim(self, input: ClaimInput) -> bool:
         if self.strategy.name != "stream-id":
