@@ -71,10 +71,8 @@ def test_a_slot_passed_by_a_later_one_is_refused_loudly(
         assert await backend.claim(ClaimInput(job, 7000, "t7", "B"))
         assert not await backend.claim(ClaimInput(job, 6000, "t6", "A"))
         assert not await backend.claim(ClaimInput(job, 6000, "other", "B"))
-        many = await backend.claim_many(
-            [ClaimInput(job, 6000, "again", "C"), ClaimInput(job, 7000, "t7", "B")]
-        )
-        assert many == [False, True]
+        assert not await backend.claim(ClaimInput(job, 6000, "again", "C"))
+        assert await backend.claim(ClaimInput(job, 7000, "t7", "B"))  # its own token again
         # Older than any entry, but nothing was ever trimmed: also never claimed.
         assert not await backend.claim(ClaimInput(job, 4000, "t4", "A"))
         # Taken slots stay quiet.
@@ -211,3 +209,52 @@ def test_a_worker_ahead_claims_at_the_servers_slot_not_seconds_early(
     assert all(at >= slot - 300 for slot, at in sent), [s for s in sent if s[1] < s[0] - 300][:5]
     for call in calls.items:
         assert call["slot"] <= call["at"] < call["slot"] + 1_000, call
+
+
+def test_a_full_pool_claims_a_jobs_slots_in_slot_order(make: Factory) -> None:
+    """The slots that wait for a thread go out oldest first, one claim each (stream-id has
+    no batch claim: a batch is answered with its last claim). Before, a slot that fell due
+    as a thread came free went out first, and the older one was lost ("is lost")."""
+    from django_anarchon.engine import Scheduler
+
+    from .test_engine_support import real_ms, stop_all, wait_for
+
+    sent: list[int] = []
+    won: list[int] = []
+
+    async def scenario() -> None:
+        backend = make(1000)
+        real_claim = backend.claim
+
+        async def claim(input: ClaimInput) -> bool:
+            sent.append(input.slot)
+            if await real_claim(input):
+                won.append(input.slot)
+                return True
+            return False
+
+        backend.claim = claim  # type: ignore[method-assign]
+        scheduler = Scheduler(backend, instance_id="A", threads=1)
+        job = scheduler.every("tick", "1h", lambda ctx: None)
+        await scheduler.start()
+        flows = scheduler._claims
+        slot = real_ms() - 1_000  # due already; the timer's own slot is an hour away
+        try:
+            flows.capacity.take(3)  # 3 over: the first slot waits 0.3 s, the next 0.1 s
+            flows.due(job, slot)
+            await asyncio.sleep(0)
+            flows.capacity.give(2)
+            flows.due(job, slot + 1)
+            await wait_for(lambda: len(sent) >= 2 and flows.capacity.used == 1, 5, "two claims")
+            flows.due(job, slot + 2)  # a slot falls due as a thread comes free
+            await asyncio.sleep(0.02)
+            flows.due(job, slot + 3)
+            flows.capacity.give(1)
+            await wait_for(lambda: len(sent) >= 4, 5, "four claims")
+        finally:
+            await stop_all(scheduler)
+
+    asyncio.run(scenario())
+    assert sent == sorted(sent) and len(sent) == 4, sent
+    assert won == sent, (won, sent)
+    assert getattr(make(1000), "claim_many", None) is None

@@ -240,8 +240,7 @@ class ClaimFlows:
         batch, self._batch = self._batch, []
         if host.stopping:
             return
-        target = host.backend if host.backend.runs is None else host.backend.runs
-        many = callable(getattr(target, "claim_many", None))
+        many = self._many()
         free = self.capacity.free
         together: list[tuple[Job, int]] = []
         queued = {job.name: until for job, _, until in self._overflow}
@@ -249,13 +248,11 @@ class ClaimFlows:
             if job.is_async or (free > 0 and job.name not in queued):
                 free -= 0 if job.is_async else 1
                 together.append((job, slot))
-            elif many:  # the pool is full: claimed later, together, so that idle instances win
+            else:  # the pool is full: claimed later (together where it can), so idle ones win
                 # Behind the job's slots already waiting, never ahead (slot order).
                 until = max(time.monotonic() + self._backlog_s(job), queued.get(job.name, 0.0))
                 queued[job.name] = until
                 self._overflow.append((job, slot, until))
-            else:  # ... or alone, each after its own wait
-                host.spawn(self._slot_flow(job, slot), f"{job.name}@{iso(slot)}")
         self._claim_together(together, many)
         if not self._overflow:
             return
@@ -268,14 +265,15 @@ class ClaimFlows:
     def _claim_together(
         self, together: list[tuple[Job, int]], many: bool, admitted: bool = False
     ) -> None:
-        """Claim in batches of ``CLAIM_MANY_CHUNK`` where the store can; a lone slot
-        alone, after its own wait for a thread, unless it was ``admitted`` already."""
+        """Claim in batches of ``CLAIM_MANY_CHUNK`` where the store can, else each alone;
+        a lone slot alone, after its own wait for a thread, unless it was ``admitted``
+        already (then at once: spawned in order, the claims go out in order)."""
         host = self.host
         if not together:
             return
         if (len(together) < 2 and not admitted) or not many:
             for job, slot in together:
-                host.spawn(self._slot_flow(job, slot), f"{job.name}@{iso(slot)}")
+                host.spawn(self._slot_flow(job, slot, admitted), f"{job.name}@{iso(slot)}")
             return
         # Each instance claims a burst in an order of its own (a job's slots stay in
         # order): their batches then first meet slots nobody holds yet, instead of all
@@ -284,6 +282,11 @@ class ClaimFlows:
         for start in range(0, len(together), CLAIM_MANY_CHUNK):
             chunk = together[start : start + CLAIM_MANY_CHUNK]
             host.spawn(self._claim_batch(chunk), f"{len(chunk)} claims")
+
+    def _many(self) -> bool:
+        """Whether the store decides a batch of claims in one call (``claim_many``)."""
+        target = self.host.backend if self.host.backend.runs is None else self.host.backend.runs
+        return callable(getattr(target, "claim_many", None))
 
     def _spread(self, job: str) -> int:
         return zlib.crc32(f"{self.host.instance_id}\0{job}".encode())
@@ -312,14 +315,14 @@ class ClaimFlows:
                         waiting.append((job, slot, until))
                 self._overflow = waiting
                 if chosen:
-                    self._claim_together(chosen, True, admitted=True)
-                    await asyncio.sleep(0)  # the batch takes its units before the next look
+                    self._claim_together(chosen, self._many(), admitted=True)
+                    await asyncio.sleep(0)  # the claims take their units before the next look
                     continue
                 await capacity.freed(min(until for _, _, until in waiting) - now)
         finally:
             self._draining = False
 
-    async def _slot_flow(self, job: Job, slot: int) -> None:
+    async def _slot_flow(self, job: Job, slot: int, admitted: bool = False) -> None:
         host = self.host
         if host.stopping:
             return
@@ -329,10 +332,10 @@ class ClaimFlows:
             if host.clock.now() > slot + job.options.max_late_ms:
                 await host.emit_event("skip", job, slot, reason="late")
                 return
-            await self._claim_only(job, slot)
+            await self._claim_only(job, slot, admitted=admitted)
         else:
             claim = self.run_claim(job, slot, "scheduled", job.options.max_late_ms)
-            await self._lease_claim(job, claim, slot + job.options.max_late_ms)
+            await self._lease_claim(job, claim, slot + job.options.max_late_ms, admitted=admitted)
 
     async def _claim_batch(self, batch: list[tuple[Job, int]]) -> None:
         """Claim several due slots in one round trip (``claim_many``), then follow each."""
@@ -515,17 +518,20 @@ class ClaimFlows:
             if await host.wait_stopping(CATCH_UP_OVERLAP_POLL_S):
                 return None
 
-    async def _admit(self, job: Job) -> int:
-        """Back-pressure before a claim: the capacity units the claim will hold (0 or 1)."""
+    async def _admit(self, job: Job, admitted: bool = False) -> int:
+        """Back-pressure before a claim (unless ``admitted`` by the queue of slots waiting
+        for a thread): the capacity units the claim will hold (0 or 1)."""
         if job.is_async:
             return 0
-        await self.capacity.admit(self._backlog_s(job))
+        if not admitted:
+            await self.capacity.admit(self._backlog_s(job))
         return 1
 
     # -- claim-only stores ------------------------------------------------------------
 
     async def _claim_only(
-        self, job: Job, slot: int, claim: ClaimInput | None = None, won: bool | None = None
+        self, job: Job, slot: int, claim: ClaimInput | None = None, won: bool | None = None,
+        admitted: bool = False,
     ) -> None:
         """Claim on a store without leases (unless ``won`` is known) and run on a win."""
         host = self.host
@@ -535,7 +541,7 @@ class ClaimFlows:
             f"slot {iso(slot)}"
         )
         if won is None:
-            units = await self._admit(job)
+            units = await self._admit(job, admitted)
             if host.stopping:
                 return  # held back until the stop began: not claimed
             try:
@@ -579,7 +585,7 @@ class ClaimFlows:
     # -- lease stores -----------------------------------------------------------------
 
     async def _send_claim(
-        self, job: Job, claim: RunClaim, deadline_ms: int
+        self, job: Job, claim: RunClaim, deadline_ms: int, admitted: bool = False
     ) -> ClaimOutcome | None:
         """One claim, retried with the same token; ``None`` if the store never answered.
 
@@ -593,7 +599,7 @@ class ClaimFlows:
             f"scheduler {host.name} ({host.instance_id}): {claim.mode} claim of job {claim.job} "
             f"slot {iso(claim.slot)}"
         )
-        units = await self._admit(job)
+        units = await self._admit(job, admitted)
         if host.stopping:
             return None  # held back until the stop began: a stopping instance claims nothing
         try:
@@ -619,13 +625,14 @@ class ClaimFlows:
         claim: RunClaim,
         deadline_ms: int,
         answer: Answer | None = None,
+        admitted: bool = False,
     ) -> None:
         """Claim on a lease store (unless answered already) and follow the answer."""
         host = self.host
         ends = self._ends.get(job.name, 0)
         if answer is None:
             asked = time.monotonic()
-            outcome = await self._send_claim(job, claim, deadline_ms)
+            outcome = await self._send_claim(job, claim, deadline_ms, admitted)
         else:
             outcome, asked = answer
         if outcome is None:

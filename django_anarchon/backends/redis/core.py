@@ -218,8 +218,11 @@ class RedisProtocolBackend(BaseBackend):
         self.runs: RedisRunStore | None = (
             RedisRunStore(self) if self.strategy.name == "lease" else None
         )
-        if self.strategy.name == "stream-id":  # its claim script answers "early" by TIME
-            self.store_now = self._server_now
+        if self.strategy.name == "stream-id":
+            self.store_now = self._server_now  # its claim script answers "early" by TIME
+            # Its claims are a round trip each (in slot order, ordering.py), and a batch
+            # is answered when its last claim is: alone, each win is acted on at once.
+            self.claim_many = None  # type: ignore[method-assign, assignment]
         if client is None:
             self._client_class()  # fail now, with the extra to install, if the library is missing
 
@@ -472,8 +475,6 @@ class RedisProtocolBackend(BaseBackend):
         return self._claimed(input, reply)
 
     async def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
-        if self.strategy.name == "stream-id":  # each in its job's slot order (ordering.py)
-            return list(await asyncio.gather(*(self.claim(i) for i in inputs)))
         results = await self.eval_many([self._claim_call(i) for i in inputs])
         return [self._claimed(i, r) for i, r in zip(inputs, results, strict=True)]
 
