@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -89,6 +90,9 @@ def test_duplicate_names_name_both_origins() -> None:
         s.every("dup", "2m", other)
     text = str(info.value)
     assert "dup" in text and "handler" in text and "other" in text
+    # The line is the one ``inspect`` finds (read off the code object, not the file).
+    assert f"other (line {inspect.getsourcelines(other)[1]})" in text, text
+    assert f"handler (line {inspect.getsourcelines(handler)[1]})" in text, text
 
 
 def test_scheduler_options_are_checked() -> None:
