@@ -18,7 +18,15 @@ from django_anarchon.backends.base import ClaimOutcome, RunClaim
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.engine import JobContext, Scheduler
 
-from .test_engine_support import Calls, Events, iso_in, real_ms, stop_all, wait_for
+from .test_engine_support import (
+    Calls,
+    Events,
+    iso_in,
+    queue_behind_a_full_pool,
+    real_ms,
+    stop_all,
+    wait_for,
+)
 
 
 def true_store() -> MemoryBackend:
@@ -327,7 +335,6 @@ async def test_a_stop_while_the_store_is_down_at_start_ends_the_wait() -> None:
 class _Delayed:
     """The real memory store's clock behind a transport with 20 ms each way."""
 
-
     def __init__(self, backend: MemoryBackend) -> None:
         self.store = backend.runs
         self.runs = self
@@ -376,25 +383,10 @@ async def test_a_full_pool_claims_each_jobs_slots_in_slot_order() -> None:
     backend.runs.claim = claim  # type: ignore[method-assign]
     backend.runs.claim_many = claim_many  # type: ignore[method-assign]
     scheduler = Scheduler(backend, instance_id="A", threads=1)
-    job = scheduler.every("tick", "1h", lambda ctx: None, overlap="allow")
+    scheduler.every("tick", "1h", lambda ctx: None, overlap="allow")
     await scheduler.start()
-    flows = scheduler._claims
-    slot = real_ms() - 1_000  # due already; the timer's own slot is an hour away
     try:
-        # 1. The pool 3 over: the first slot waits 0.3 s; then 1 over: the next waits 0.1 s.
-        flows.capacity.take(3)
-        flows.due(job, slot)
-        await asyncio.sleep(0)
-        flows.capacity.give(2)
-        flows.due(job, slot + 1)
-        await wait_for(lambda: len(sent) >= 2 and flows.capacity.used == 1, 5, "two claims")
-        first = list(sent)
-        # 2. A slot falls due just as a thread comes free, before the queue is looked at.
-        flows.due(job, slot + 2)
-        await asyncio.sleep(0.02)  # the queue's drain now waits (0.1 s) for a free thread
-        flows.due(job, slot + 3)
-        flows.capacity.give(1)
-        await wait_for(lambda: len(sent) >= 4, 5, "four claims")
+        slot, first = await queue_behind_a_full_pool(scheduler, sent)
     finally:
         await stop_all(scheduler)
     assert first == [("tick", slot), ("tick", slot + 1)], first

@@ -173,5 +173,31 @@ async def stop_all(*schedulers: Scheduler, grace: str = "2s") -> None:
     await asyncio.gather(*(s.stop(grace) for s in schedulers))
 
 
+async def queue_behind_a_full_pool(scheduler: Scheduler, sent: list[Any]) -> tuple[int, list[Any]]:
+    """Four slots of one job due while the pool of one thread is full; the first slot, and
+    what ``sent`` (the claims the store saw) held after the first two.
+
+    1. The pool 3 over, the first slot waits 0.3 s; 1 over, the next waits 0.1 s.
+    2. A slot falls due just as a thread comes free, before the queue is looked at.
+    The scheduler's one job is ``tick``, due an hour away: its timer stays out of it.
+    """
+    flows = scheduler._claims
+    job = scheduler.get_job("tick")
+    slot = real_ms() - 1_000
+    flows.capacity.take(3)
+    flows.due(job, slot)
+    await asyncio.sleep(0)
+    flows.capacity.give(2)
+    flows.due(job, slot + 1)
+    await wait_for(lambda: len(sent) >= 2 and flows.capacity.used == 1, 5, "two claims")
+    first = list(sent)
+    flows.due(job, slot + 2)
+    await asyncio.sleep(0.02)  # the queue's drain now waits (0.1 s) for a free thread
+    flows.due(job, slot + 3)
+    flows.capacity.give(1)
+    await wait_for(lambda: len(sent) >= 4, 5, "four claims")
+    return slot, first
+
+
 def run(coro: Awaitable[Any]) -> Any:  # pragma: no cover - convenience for debugging
     return asyncio.run(coro)  # type: ignore[arg-type]

@@ -217,7 +217,7 @@ def test_a_full_pool_claims_a_jobs_slots_in_slot_order(make: Factory) -> None:
     as a thread came free went out first, and the older one was lost ("is lost")."""
     from django_anarchon.engine import Scheduler
 
-    from .test_engine_support import real_ms, stop_all, wait_for
+    from .test_engine_support import queue_behind_a_full_pool, stop_all
 
     sent: list[int] = []
     won: list[int] = []
@@ -235,22 +235,10 @@ def test_a_full_pool_claims_a_jobs_slots_in_slot_order(make: Factory) -> None:
 
         backend.claim = claim  # type: ignore[method-assign]
         scheduler = Scheduler(backend, instance_id="A", threads=1)
-        job = scheduler.every("tick", "1h", lambda ctx: None)
+        scheduler.every("tick", "1h", lambda ctx: None)
         await scheduler.start()
-        flows = scheduler._claims
-        slot = real_ms() - 1_000  # due already; the timer's own slot is an hour away
         try:
-            flows.capacity.take(3)  # 3 over: the first slot waits 0.3 s, the next 0.1 s
-            flows.due(job, slot)
-            await asyncio.sleep(0)
-            flows.capacity.give(2)
-            flows.due(job, slot + 1)
-            await wait_for(lambda: len(sent) >= 2 and flows.capacity.used == 1, 5, "two claims")
-            flows.due(job, slot + 2)  # a slot falls due as a thread comes free
-            await asyncio.sleep(0.02)
-            flows.due(job, slot + 3)
-            flows.capacity.give(1)
-            await wait_for(lambda: len(sent) >= 4, 5, "four claims")
+            await queue_behind_a_full_pool(scheduler, sent)
         finally:
             await stop_all(scheduler)
 
