@@ -240,7 +240,6 @@ class ClaimFlows:
         batch, self._batch = self._batch, []
         if host.stopping:
             return
-        many = self._many()
         free = self.capacity.free
         together: list[tuple[Job, int]] = []
         queued = {job.name: until for job, _, until in self._overflow}
@@ -253,7 +252,7 @@ class ClaimFlows:
                 until = max(time.monotonic() + self._backlog_s(job), queued.get(job.name, 0.0))
                 queued[job.name] = until
                 self._overflow.append((job, slot, until))
-        self._claim_together(together, many)
+        self._claim_together(together)
         if not self._overflow:
             return
         if self._draining:
@@ -262,16 +261,14 @@ class ClaimFlows:
             self._draining = True
             host.spawn(self._drain_overflow(), "claims waiting for threads")
 
-    def _claim_together(
-        self, together: list[tuple[Job, int]], many: bool, admitted: bool = False
-    ) -> None:
+    def _claim_together(self, together: list[tuple[Job, int]], admitted: bool = False) -> None:
         """Claim in batches of ``CLAIM_MANY_CHUNK`` where the store can, else each alone;
         a lone slot alone, after its own wait for a thread, unless it was ``admitted``
         already (then at once: spawned in order, the claims go out in order)."""
         host = self.host
         if not together:
             return
-        if (len(together) < 2 and not admitted) or not many:
+        if (len(together) < 2 and not admitted) or not self._many():
             for job, slot in together:
                 host.spawn(self._slot_flow(job, slot, admitted), f"{job.name}@{iso(slot)}")
             return
@@ -315,7 +312,7 @@ class ClaimFlows:
                         waiting.append((job, slot, until))
                 self._overflow = waiting
                 if chosen:
-                    self._claim_together(chosen, self._many(), admitted=True)
+                    self._claim_together(chosen, admitted=True)
                     await asyncio.sleep(0)  # the claims take their units before the next look
                     continue
                 await capacity.freed(min(until for _, _, until in waiting) - now)

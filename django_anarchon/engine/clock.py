@@ -23,12 +23,13 @@ claim is sent: whether a run may start is still the store's answer to the claim.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .calls import error_text
 from .timer import now_ms
 
-__all__ = ["REFRESH_S", "StoreClock"]
+__all__ = ["REFRESH_S", "StoreClock", "clock_reader"]
 
 logger = logging.getLogger("django_anarchon")
 
@@ -36,6 +37,12 @@ logger = logging.getLogger("django_anarchon")
 REFRESH_S = 60.0
 #: Reads per measurement; the one with the shortest round trip is kept.
 SAMPLES = 3
+
+
+def clock_reader(backend: Any) -> Callable[[str], Awaitable[int]] | None:
+    """How ``backend`` tells its clock: ``runs.now_ms``, else ``store_now``, else not."""
+    read = getattr(backend.runs, "now_ms", None) or getattr(backend, "store_now", None)
+    return read if callable(read) else None
 
 
 class StoreClock:
@@ -53,7 +60,7 @@ class StoreClock:
 
     async def measure(self, backend: Any, job: str) -> bool:
         """Read the store's clock (around ``job``'s runs); ``False`` if it cannot tell."""
-        read = getattr(backend.runs, "now_ms", None) or getattr(backend, "store_now", None)
+        read = clock_reader(backend)
         if read is None:
             return False
         best: tuple[int, int] | None = None  # (round trip, offset)

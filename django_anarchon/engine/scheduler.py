@@ -51,7 +51,7 @@ from ..logtime import iso
 from ..retry import retry_store_call
 from .calls import error_text
 from .claims import ClaimFlows, new_token
-from .clock import REFRESH_S, StoreClock
+from .clock import REFRESH_S, StoreClock, clock_reader
 from .events import Callback, Event, EventName, EventRegistry
 from .ledger import LedgerKeeper
 from .operations import OperatorMixin
@@ -558,7 +558,7 @@ class Scheduler(OperatorMixin):
         self._listener = WakeListener(self.backend, self.wakes, f"scheduler {self.name}")
         self._listener.start()
         self.spawn(self.owed.replay(), "spool replay")
-        if self.backend.runs is not None or getattr(self.backend, "store_now", None):
+        if clock_reader(self.backend) is not None:
             await self._read_clock()
             self.spawn(self._follow_clock(), "store clock")
         now = self.clock.now()

@@ -456,7 +456,7 @@ class RedisProtocolBackend(BaseBackend):
         )
 
     async def _server_now(self, job: str) -> int:
-        """The clock of the server that holds ``job``'s stream (``store_now``)."""
+        """The clock of the server that holds ``job``'s keys (``store_now``, ``runs.now_ms``)."""
         return int(await self.eval(scripts.NOW, [f"{self.job_key(job)}:s"], []))
 
     async def claim(self, input: ClaimInput) -> bool:
@@ -634,7 +634,7 @@ class RedisRunStore(LedgerCalls):
 
     async def now_ms(self, job: str) -> int:
         """The clock of the server that holds ``job``'s runs (optional capability)."""
-        return int(await self._backend.eval(scripts.NOW, [f"{self._backend.job_key(job)}:active"], []))
+        return await self._backend._server_now(job)
 
     async def active(self, job: str) -> list[ActiveRun]:
         base = self._backend.job_key(job)
