@@ -17,6 +17,7 @@ import pytest
 from django_anarchon.backends.base import ClaimOutcome, RunClaim
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.engine import JobContext, Scheduler
+from django_anarchon.engine.claims import FOLLOW_DELAY_MS
 
 from .test_engine_support import (
     Calls,
@@ -391,3 +392,131 @@ async def test_a_full_pool_claims_each_jobs_slots_in_slot_order() -> None:
         await stop_all(scheduler)
     assert first == [("tick", slot), ("tick", slot + 1)], first
     assert sent[2:] == [("tick", slot + 2), ("tick", slot + 3)], sent
+
+
+class _SendTimes:
+    """The real memory store behind a transport that notes when each lease claim left an
+    instance (the true clock) and what the store answered."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        self.sent: list[dict[str, Any]] = []
+        real_claim, real_many = backend.runs.claim, backend.runs.claim_many
+
+        async def claim(c: RunClaim) -> ClaimOutcome:
+            at = real_ms()
+            outcome = await real_claim(c)
+            self.sent.append({"by": c.instance_id, "slot": c.slot, "at": at, "kind": outcome.kind})
+            return outcome
+
+        async def claim_many(claims: list[RunClaim]) -> list[ClaimOutcome]:
+            at = real_ms()
+            outcomes = await real_many(claims)
+            self.sent.extend(
+                {"by": c.instance_id, "slot": c.slot, "at": at, "kind": o.kind}
+                for c, o in zip(claims, outcomes, strict=True)
+            )
+            return outcomes
+
+        backend.runs.claim = claim  # type: ignore[method-assign]
+        backend.runs.claim_many = claim_many  # type: ignore[method-assign]
+
+    def of(self, by: str) -> list[dict[str, Any]]:
+        return [s for s in self.sent if s["by"] == by]
+
+
+async def test_the_instance_that_lost_a_jobs_last_slot_claims_its_next_one_later() -> None:
+    """Issue 10: four instances sent the same claims at the same instant, so the winner's
+    claim waited on the others' (PostgreSQL holds a row another claim is inserting) and
+    shared the cores with them: steady p50 7 ms. Now an instance that lost a job's last
+    slot claims its next slot ``FOLLOW_DELAY_MS`` after it, and the winner's goes alone."""
+    backend = MemoryBackend(clock=real_ms)
+    sends = _SendTimes(backend)
+    calls = Calls()
+    schedulers = [Scheduler(backend, instance_id=i) for i in ("A", "B", "C")]
+    for s in schedulers:
+        s.every("tick", "100ms", lambda ctx: calls.add(slot=ctx.slot, by=ctx.instance_id))
+    for s in schedulers:
+        await s.start()
+    try:
+        await wait_for(lambda: len(calls) >= 12, 10, "twelve runs")
+    finally:
+        await stop_all(*schedulers)
+    assert max(calls.count("slot").values()) == 1, calls.items
+    winners = {c["slot"]: c["by"] for c in calls.items}
+    later = 0
+    for previous, slot in zip(sorted(winners), sorted(winners)[1:], strict=False):
+        if slot - previous != 100:
+            continue
+        for by in ("A", "B", "C"):
+            sent = [s for s in sends.of(by) if s["slot"] == slot]
+            if winners[previous] != by and sent:
+                # Lost the last slot: never asks before the delay has passed.
+                assert sent[0]["at"] - slot >= FOLLOW_DELAY_MS - 2, (by, slot, sent)
+                later += 1
+    assert later >= 10, sends.sent
+    # The previous winner's claim went first: it won (nearly) every next slot.
+    kept = sum(
+        winners[slot] == winners[previous]
+        for previous, slot in zip(sorted(winners), sorted(winners)[1:], strict=False)
+    )
+    assert kept >= (len(winners) - 1) * 0.8, winners
+
+
+async def test_a_follower_still_runs_every_slot_once_its_leader_has_gone() -> None:
+    """The delay only moves when a claim is sent: with the winner of the job's last slots
+    stopped, the other instance wins the next one a delay later and then leads."""
+    backend = MemoryBackend(clock=real_ms)
+    sends = _SendTimes(backend)
+    calls = Calls()
+    leader, follower = (Scheduler(backend, instance_id=i) for i in ("leader", "follower"))
+    for s in (leader, follower):
+        s.every("tick", "100ms", lambda ctx: calls.add(slot=ctx.slot, by=ctx.instance_id))
+    await leader.start()
+    try:
+        await wait_for(lambda: len(calls) >= 2, 10, "two runs on the leader alone")
+        await follower.start()
+        await wait_for(
+            lambda: any(s["kind"] != "won" for s in sends.of("follower")), 10,
+            "a claim the follower lost",
+        )
+        await stop_all(leader)
+        gone = real_ms()
+        await wait_for(
+            lambda: len([c for c in calls.items if c["slot"] > gone]) >= 5, 10,
+            "five runs after the leader stopped",
+        )
+    finally:
+        await stop_all(leader, follower)
+    assert max(calls.count("slot").values()) == 1, calls.items
+    after = sorted(c["slot"] for c in calls.items if c["slot"] > gone)
+    assert {c["by"] for c in calls.items if c["slot"] > gone} == {"follower"}
+    assert after == list(range(after[0], after[0] + 100 * len(after), 100)), after
+    # Its first win came a delay late; it then leads and claims at once.
+    first_win = next(s for s in sends.of("follower") if s["kind"] == "won")
+    assert first_win["at"] - first_win["slot"] >= FOLLOW_DELAY_MS - 2, first_win
+    leading = [s for s in sends.of("follower") if s["slot"] > first_win["slot"]]
+    assert leading and all(s["kind"] == "won" for s in leading), leading
+
+
+async def test_an_instance_still_in_a_jobs_user_code_claims_its_next_slot_later() -> None:
+    """Its claim would otherwise always win and run the slots of a slow job side by side
+    on one instance: it waits as those that lost the last slot do, and so they meet."""
+    backend = MemoryBackend(clock=real_ms)
+    sends = _SendTimes(backend)
+    calls = Calls()
+
+    def slow(ctx: JobContext) -> None:
+        calls.add(slot=ctx.slot)
+        time.sleep(0.15)
+
+    scheduler = Scheduler(backend, instance_id="A")
+    scheduler.every("slow", "100ms", slow, overlap="allow")
+    await scheduler.start()
+    try:
+        await wait_for(lambda: len(calls) >= 6, 10, "six runs")
+    finally:
+        await stop_all(scheduler)
+    started = sorted(c["slot"] for c in calls.items)
+    busy = [s for s in sends.of("A") if s["slot"] - 100 in started[:-1]]
+    assert len(busy) >= 4, sends.sent
+    assert all(s["at"] - s["slot"] >= FOLLOW_DELAY_MS - 2 for s in busy), busy

@@ -20,6 +20,7 @@ import logging
 import secrets
 import time
 import zlib
+from collections import Counter
 from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -62,6 +63,11 @@ BACKLOG_MAX_SHARE = 0.5
 EARLY_WAIT_CAP_MS = 30_000
 #: How often a catch-up slot that met another run of its job asks again.
 CATCH_UP_OVERLAP_POLL_S = 1.0
+#: A job whose last slot another instance won is claimed this long after its slot here,
+#: so that the previous winner's claim meets no contender for the rows it writes...
+FOLLOW_DELAY_MS = 20
+#: ...but never longer than this share of the job's ``max_late``.
+FOLLOW_MAX_SHARE = 0.25
 
 
 def new_token() -> str:
@@ -156,6 +162,12 @@ class ClaimFlows:
         self._ends: dict[str, int] = {}
         #: Jobs whose start-up catch-up is still claiming: the ledger's look waits for them.
         self.catching_up: set[str] = set()
+        #: Jobs whose last scheduled slot another instance won: claimed a little later.
+        self._followed: set[str] = set()
+        #: job -> how many of its runs here are still in user code: claimed a little later.
+        self._busy: Counter[str] = Counter()
+        #: job -> its due slots held back until the follow delay ends, in slot order.
+        self._held: dict[str, list[int]] = {}
 
     def reset(self) -> None:
         self.capacity = Capacity(self.host.threads)
@@ -165,6 +177,17 @@ class ClaimFlows:
         self._overflow, self._draining = [], False
         self._ended.clear()
         self._ends.clear()
+        self._followed.clear()
+        self._busy.clear()
+        self._held.clear()
+
+    def user_code_started(self, job: str) -> None:
+        self._busy[job] += 1
+
+    def user_code_done(self, job: str) -> None:
+        self._busy[job] -= 1
+        if self._busy[job] <= 0:
+            del self._busy[job]
 
     def run_ended(self, job: str) -> None:
         """A run of ``job`` ended on this instance: wake the claims buffered behind it."""
@@ -228,7 +251,47 @@ class ClaimFlows:
     # -- due slots --------------------------------------------------------------------
 
     def due(self, job: Job, slot: int) -> None:
-        """A slot fell due (the timer fired): claims due together go out together."""
+        """A slot fell due (the timer fired): claims due together go out together.
+
+        On a lease store, a job whose last slot another instance won, or whose user code
+        still runs here, is claimed ``FOLLOW_DELAY_MS`` later here: the last winner's claim
+        then meets no contender (no wait on rows another claim holds, no share of the
+        cores), unless it is busy with the job itself, and this instance's claim still
+        backs it up if that winner has gone. Only when the store is asked changes; what
+        it answers does not.
+        """
+        held = self._held.get(job.name)
+        if held is not None:
+            held.append(slot)  # behind the job's slots held already, never ahead
+            return
+        delay_ms = self._follow_ms(job)
+        if delay_ms > 0:
+            self._held[job.name] = [slot]
+            asyncio.get_running_loop().call_later(delay_ms / 1000, self._release, job)
+            return
+        self._due_now(job, slot)
+
+    def _follow_ms(self, job: Job) -> float:
+        if self.host.backend.runs is None or (
+            job.name not in self._followed and job.name not in self._busy
+        ):
+            return 0
+        return min(FOLLOW_DELAY_MS, job.options.max_late_ms * FOLLOW_MAX_SHARE)
+
+    def _release(self, job: Job) -> None:
+        for slot in self._held.pop(job.name, []):
+            self._due_now(job, slot)
+
+    def _note_winner(self, job: Job, claim: RunClaim, outcome: ClaimOutcome) -> None:
+        """Remember whether this instance or another won a scheduled slot of ``job``."""
+        if claim.reason != "scheduled" or claim.mode != "new":
+            return
+        if outcome.kind == "won":
+            self._followed.discard(job.name)
+        elif outcome.kind in ("running", "done"):
+            self._followed.add(job.name)
+
+    def _due_now(self, job: Job, slot: int) -> None:
         self._batch.append((job, slot))
         if not self._batch_pending:
             self._batch_pending = True
@@ -632,6 +695,8 @@ class ClaimFlows:
             outcome = await self._send_claim(job, claim, deadline_ms, admitted)
         else:
             outcome, asked = answer
+        if outcome is not None:
+            self._note_winner(job, claim, outcome)
         if outcome is None:
             if not host.stopping:
                 await host.emit_event("skip", job, claim.slot, reason="late")

@@ -932,13 +932,16 @@ class Scheduler(OperatorMixin):
         """Run an attempt here; a sync one holds a unit of the pool's capacity until its
         user code has returned (its finish and history writes need no thread)."""
         self._attempts.add(attempt)
-        capacity = self._claims.capacity
+        claims, name = self._claims, attempt.job.name
+        capacity = claims.capacity
         units = [0 if attempt.job.is_async else 1]
 
         def given_back() -> None:
             if units:
                 capacity.give(units.pop())
+                claims.user_code_done(name)
 
+        claims.user_code_started(name)
         capacity.take(units[0])
         attempt.on_user_code_done = given_back
         try:

@@ -1,7 +1,10 @@
 """Ten jobs every 200 ms; each run appends "job slot" to this instance's own file.
 
 On ``lease`` the jobs allow overlap: under CPU contention a run can still be finishing
-when the next slot is due, and a skipped overlap is not what the count is about.
+when the next slot is due, and a skipped overlap is not what the count is about. They
+also have a ``jitter``: on a lease store the instance that won a job's last slot claims
+its next one first (docs/concepts.md#claims), so without it the first worker up would
+win every slot, and the count would not be of several winners.
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ from pathlib import Path
 from django_anarchon import every
 
 OUT = Path(os.environ.get("ANARCHON_TEST_OUT", os.devnull))
-OPTIONS = {"overlap": "allow"} if os.environ.get("ANARCHON_REDIS_STRATEGY") == "lease" else {}
+OPTIONS = (
+    {"overlap": "allow", "jitter": "100ms"}
+    if os.environ.get("ANARCHON_REDIS_STRATEGY") == "lease"
+    else {}
+)
 
 
 def _make(n: int) -> None:
