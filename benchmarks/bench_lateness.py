@@ -3,7 +3,7 @@
     python benchmarks/bench_lateness.py [--workers 4]
                                         [--stores postgres,redis,mysql,sqlite,procrastinate,apscheduler]
                                         [--steady 20] [--burst 35] [--burst-jobs 1000]
-                                        [--handler sync|async] [--profile DIR]
+                                        [--handler sync|async] [--profile DIR] [--trace]
 
 Lateness is handler start minus slot, read by the handler itself on the machine's clock
 (every process shares it) and kept in memory until the worker stops: nothing about the
@@ -22,7 +22,9 @@ due while every worker was up that never started). The stores ``procrastinate`` 
 ``apscheduler`` are peers on the steady workload, each on a PostgreSQL database of its own
 (benchmarks/peers.py; a peer that is not installed is skipped with a line saying so).
 ``--profile DIR`` runs each worker of the project's stores under cProfile and writes
-``DIR/<store>-<workload>-<i>.prof``. Prints a Markdown report.
+``DIR/<store>-<workload>-<i>.prof``. ``--trace`` notes when each batch of claims that won
+a slot was answered, and reports per burst when its last winning claim was answered:
+the rest of a burst's time is the handlers' dispatch. Prints a Markdown report.
 """
 
 from __future__ import annotations
@@ -105,7 +107,20 @@ async def _work(args: argparse.Namespace) -> dict[str, Any]:
         starts.append((ctx.name, ctx.slot, time.time_ns() // 1_000_000))
 
     handler = arecord if args.handler == "async" else record
-    scheduler = Scheduler(_backend(args.store, args.prefix), instance_id=args.instance, spool=None)
+    backend = _backend(args.store, args.prefix)
+    claims: list[tuple[int, int]] = []  # (slot, when a claim_many that won it was answered)
+    if args.trace:
+        inner = backend.runs.claim_many
+
+        async def traced(batch: Any) -> Any:
+            outcomes = await inner(batch)
+            answered = time.time_ns() // 1_000_000
+            won = zip(batch, outcomes, strict=True)
+            claims.extend((c.slot, answered) for c, o in won if o.kind == "won")
+            return outcomes
+
+        backend.runs.claim_many = traced
+    scheduler = Scheduler(backend, instance_id=args.instance, spool=None)
     for i in range(args.jobs):
         scheduler.every(f"{args.prefix}-{i:05d}", f"{args.every_ms}ms", handler,
                         max_late="60s")
@@ -113,7 +128,7 @@ async def _work(args: argparse.Namespace) -> dict[str, Any]:
     ready = time.time_ns() // 1_000_000
     await asyncio.sleep(max(0.0, (args.until - ready) / 1000))
     await scheduler.stop(grace="5s")
-    return {"instance": args.instance, "ready": ready, "starts": starts}
+    return {"instance": args.instance, "ready": ready, "starts": starts, "claims": claims}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -145,6 +160,7 @@ class Report:
     lateness: list[int]
     first: int | None
     bursts: list[int]
+    claimed: list[int]
     note: str = ""
 
 
@@ -215,6 +231,8 @@ def _run(args: argparse.Namespace, store: str, workload: str, jobs: int, every_m
                    "--prefix", prefix, "--instance", f"w{i}", "--jobs", str(jobs),
                    "--every-ms", str(every_ms), "--until", str(until),
                    "--out", str(out_dir / f"{i}.json"), "--handler", args.handler]
+            if args.trace and not peer:
+                cmd.append("--trace")
             if args.profile and not peer:
                 Path(args.profile).mkdir(parents=True, exist_ok=True)
                 cmd += ["--profile", str(Path(args.profile) / f"{store}-{workload}-{i}.prof")]
@@ -262,13 +280,18 @@ def _report(store: str, workload: str, results: list[dict[str, Any]], names: lis
     steady_from = first_slot + WARM_UP_MS
     lateness = sorted(late for slot, late in measured if slot >= steady_from or workload == "burst")
     first = max((late for slot, late in measured if slot == first_slot), default=None)
-    bursts = []
+    bursts, claimed = [], []
     if workload == "burst":
+        answers = [(slot, at - slot) for r in results for slot, at in r.get("claims", ())]
         for slot in due:
             lates = [late for s, late in measured if s == slot]
             if lates:
                 bursts.append(max(lates))
-    return Report(store, workload, len(seen), duplicates, misses, lateness, first, bursts)
+            won = [late for s, late in answers if s == slot]
+            if won:
+                claimed.append(max(won))
+    return Report(store, workload, len(seen), duplicates, misses, lateness, first, bursts,
+                  claimed)
 
 
 def _pct(values: list[int], q: float) -> str:
@@ -291,15 +314,18 @@ def _print(reports: list[Report], args: argparse.Namespace, skipped: list[str]) 
           f"{os.getloadavg()[0]:.1f} at the end\n")
     for line in skipped:
         print(f"{line}\n")
+    trace = " last winning claim answered |" if args.trace else ""
     print("| store | workload | runs | duplicates | misses | p50 | p99 | max | first slot "
-          "| last handler of each burst |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"| last handler of each burst |{trace}")
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.trace else ""))
     for r in reports:
         median = f"{statistics.median(r.lateness):.0f} ms" if r.lateness else "-"
         first = "-" if r.first is None else f"{r.first} ms"
         bursts = ", ".join(f"{b} ms" for b in r.bursts) or "-"
+        claimed = (" " + (", ".join(f"{c} ms" for c in r.claimed) or "-") + " |") if trace else ""
         print(f"| {r.store} | {r.workload} | {r.runs:,} | {r.duplicates} | {r.misses} | {median} "
-              f"| {_pct(r.lateness, 0.99)} | {_pct(r.lateness, 1.0)} | {first} | {bursts} |")
+              f"| {_pct(r.lateness, 0.99)} | {_pct(r.lateness, 1.0)} | {first} | {bursts} |"
+              f"{claimed}")
     notes = [r.note for r in reports if r.note]
     if notes:
         print("\n" + "\n".join(f"- {n}" for n in notes))
@@ -320,6 +346,8 @@ def main() -> None:
     parser.add_argument("--burst-jobs", type=int, default=1000)
     parser.add_argument("--handler", choices=("sync", "async"), default="sync")
     parser.add_argument("--profile", help="directory for one cProfile file per worker")
+    parser.add_argument("--trace", action="store_true",
+                        help="report when each burst's last winning claim was answered")
     args = parser.parse_args()
     if args.worker:
         worker(args)
