@@ -63,8 +63,8 @@ BACKLOG_MAX_SHARE = 0.5
 EARLY_WAIT_CAP_MS = 30_000
 #: How often a catch-up slot that met another run of its job asks again.
 CATCH_UP_OVERLAP_POLL_S = 1.0
-#: A job whose last slot another instance won is claimed this long after its slot here,
-#: so that the previous winner's claim meets no contender for the rows it writes...
+#: A job whose last slot another instance won, or whose handler still runs here, is
+#: claimed this long after its slot here, so that the last winner's claim goes alone...
 FOLLOW_DELAY_MS = 20
 #: ...but never longer than this share of the job's ``max_late``.
 FOLLOW_MAX_SHARE = 0.25
