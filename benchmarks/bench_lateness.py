@@ -314,18 +314,18 @@ def _print(reports: list[Report], args: argparse.Namespace, skipped: list[str]) 
           f"{os.getloadavg()[0]:.1f} at the end\n")
     for line in skipped:
         print(f"{line}\n")
-    trace = " last winning claim answered |" if args.trace else ""
     print("| store | workload | runs | duplicates | misses | p50 | p99 | max | first slot "
-          f"| last handler of each burst |{trace}")
+          "| last handler of each burst |" + (" last winning claim answered |" if args.trace else ""))
     print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.trace else ""))
     for r in reports:
         median = f"{statistics.median(r.lateness):.0f} ms" if r.lateness else "-"
         first = "-" if r.first is None else f"{r.first} ms"
         bursts = ", ".join(f"{b} ms" for b in r.bursts) or "-"
-        claimed = (" " + (", ".join(f"{c} ms" for c in r.claimed) or "-") + " |") if trace else ""
+        claimed = ", ".join(f"{c} ms" for c in r.claimed) or "-"
+        traced = f" {claimed} |" if args.trace else ""
         print(f"| {r.store} | {r.workload} | {r.runs:,} | {r.duplicates} | {r.misses} | {median} "
               f"| {_pct(r.lateness, 0.99)} | {_pct(r.lateness, 1.0)} | {first} | {bursts} |"
-              f"{claimed}")
+              f"{traced}")
     notes = [r.note for r in reports if r.note]
     if notes:
         print("\n" + "\n".join(f"- {n}" for n in notes))

@@ -35,19 +35,40 @@ def true_store() -> MemoryBackend:
 
 
 class Recording:
-    """Passes every call through to a real memory store, noting the lease claims and answers."""
+    """Passes every call through to a real memory store, noting each lease claim (alone or
+    in a batch), when it left the instance (the true clock), and the store's answer."""
 
     def __init__(self, backend: MemoryBackend) -> None:
         self.backend = backend
-        self.claims: list[tuple[RunClaim, ClaimOutcome]] = []
-        real_claim = backend.runs.claim
+        self.sent: list[tuple[int, RunClaim, ClaimOutcome]] = []
+        real_claim, real_many = backend.runs.claim, backend.runs.claim_many
 
         async def claim(c: RunClaim) -> ClaimOutcome:
+            at = real_ms()
             outcome = await real_claim(c)
-            self.claims.append((c, outcome))
+            self.sent.append((at, c, outcome))
             return outcome
 
+        async def claim_many(claims: list[RunClaim]) -> list[ClaimOutcome]:
+            at = real_ms()
+            outcomes = await real_many(claims)
+            self.sent.extend((at, c, o) for c, o in zip(claims, outcomes, strict=True))
+            return outcomes
+
         backend.runs.claim = claim  # type: ignore[method-assign]
+        backend.runs.claim_many = claim_many  # type: ignore[method-assign]
+
+    @property
+    def claims(self) -> list[tuple[RunClaim, ClaimOutcome]]:
+        return [(c, o) for _, c, o in self.sent]
+
+    def of(self, by: str) -> list[dict[str, Any]]:
+        """The claims ``by`` sent, in order: slot, when it left, the answer's kind."""
+        return [
+            {"slot": c.slot, "at": at, "kind": o.kind}
+            for at, c, o in self.sent
+            if c.instance_id == by
+        ]
 
 
 async def test_a_worker_ahead_never_starts_a_run_before_its_slot(skew: Any) -> None:
@@ -394,43 +415,13 @@ async def test_a_full_pool_claims_each_jobs_slots_in_slot_order() -> None:
     assert sent[2:] == [("tick", slot + 2), ("tick", slot + 3)], sent
 
 
-class _SendTimes:
-    """The real memory store behind a transport that notes when each lease claim left an
-    instance (the true clock) and what the store answered."""
-
-    def __init__(self, backend: MemoryBackend) -> None:
-        self.sent: list[dict[str, Any]] = []
-        real_claim, real_many = backend.runs.claim, backend.runs.claim_many
-
-        async def claim(c: RunClaim) -> ClaimOutcome:
-            at = real_ms()
-            outcome = await real_claim(c)
-            self.sent.append({"by": c.instance_id, "slot": c.slot, "at": at, "kind": outcome.kind})
-            return outcome
-
-        async def claim_many(claims: list[RunClaim]) -> list[ClaimOutcome]:
-            at = real_ms()
-            outcomes = await real_many(claims)
-            self.sent.extend(
-                {"by": c.instance_id, "slot": c.slot, "at": at, "kind": o.kind}
-                for c, o in zip(claims, outcomes, strict=True)
-            )
-            return outcomes
-
-        backend.runs.claim = claim  # type: ignore[method-assign]
-        backend.runs.claim_many = claim_many  # type: ignore[method-assign]
-
-    def of(self, by: str) -> list[dict[str, Any]]:
-        return [s for s in self.sent if s["by"] == by]
-
-
 async def test_the_instance_that_lost_a_jobs_last_slot_claims_its_next_one_later() -> None:
     """Issue 10: four instances sent the same claims at the same instant, so the winner's
     claim waited on the others' (PostgreSQL holds a row another claim is inserting) and
     shared the cores with them: steady p50 7 ms. Now an instance that lost a job's last
     slot claims its next slot ``FOLLOW_DELAY_MS`` after it, and the winner's goes alone."""
     backend = MemoryBackend(clock=real_ms)
-    sends = _SendTimes(backend)
+    sends = Recording(backend)
     calls = Calls()
     schedulers = [Scheduler(backend, instance_id=i) for i in ("A", "B", "C")]
     for s in schedulers:
@@ -466,7 +457,7 @@ async def test_a_follower_still_runs_every_slot_once_its_leader_has_gone() -> No
     """The delay only moves when a claim is sent: with the winner of the job's last slots
     stopped, the other instance wins the next one a delay later and then leads."""
     backend = MemoryBackend(clock=real_ms)
-    sends = _SendTimes(backend)
+    sends = Recording(backend)
     calls = Calls()
     leader, follower = (Scheduler(backend, instance_id=i) for i in ("leader", "follower"))
     for s in (leader, follower):
@@ -502,7 +493,7 @@ async def test_an_instance_still_in_a_jobs_user_code_claims_its_next_slot_later(
     """Its claim would otherwise always win and run the slots of a slow job side by side
     on one instance: it waits as those that lost the last slot do, and so they meet."""
     backend = MemoryBackend(clock=real_ms)
-    sends = _SendTimes(backend)
+    sends = Recording(backend)
     calls = Calls()
 
     def slow(ctx: JobContext) -> None:
