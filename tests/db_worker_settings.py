@@ -30,7 +30,9 @@ ANARCHON = {
         "BACKEND": "django_anarchon.backends.database.DatabaseBackend",
         "OPTIONS": {"using": _RUNS_ALIAS},
         "LEASE": os.environ.get("ANARCHON_DBW_LEASE", "3s"),
-        "THREADS": 25,
+        # Each handler thread keeps its connection (CONN_MAX_AGE=None): 4 workers hold up
+        # to 4 x (10 + the store's 4 + a listener) of PostgreSQL's 100.
+        "THREADS": 10,
         "JOB_DEFAULTS": {"history_size": 1000},
         # a spool of the test's own: a record spooled by one worker is replayed by the next
         "SPOOL": os.environ.get("ANARCHON_DBW_SPOOL") or None,

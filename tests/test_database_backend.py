@@ -308,6 +308,65 @@ def test_conn_max_age_is_honoured(postgres_database: str) -> None:
     assert len(set(asyncio.run(pids()))) == 1
 
 
+def _handler_pids(alias: str, conn_max_age: int | None) -> tuple[list[int], bool]:
+    """The backend pid each of 3 runs of a sync handler saw on one pool thread, and
+    whether the last one's connection was closed once the scheduler stopped."""
+    from django_anarchon.backends.memory import MemoryBackend
+    from django_anarchon.engine import JobContext, Scheduler
+
+    db = connections[alias].settings_dict
+    seen: list[int] = []
+
+    def handler(ctx: JobContext) -> None:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            seen.append(cursor.fetchone()[0])
+
+    def alive(pid: int) -> bool:
+        import psycopg
+
+        with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"],
+                             dbname="postgres", autocommit=True) as conn:
+            return bool(conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]
+            ).fetchall())
+
+    async def main() -> None:
+        scheduler = Scheduler(MemoryBackend(), instance_id="A", threads=1)
+        scheduler.every("pids", "1h", handler)
+        await scheduler.start()
+        try:
+            for _ in range(3):
+                assert (await scheduler.arun_now("pids")).status == "success"
+        finally:
+            await scheduler.stop()
+
+    db["CONN_MAX_AGE"] = conn_max_age
+    try:
+        asyncio.run(main())
+    finally:
+        db["CONN_MAX_AGE"] = None
+    deadline = time.monotonic() + 10
+    while alive(seen[-1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return seen, not alive(seen[-1])
+
+
+@pytest.mark.postgres
+def test_a_handler_keeps_its_threads_connection_as_conn_max_age_says(
+    postgres_database: str,
+) -> None:
+    """Around a sync handler, as around a request: CONN_MAX_AGE=None keeps the pool
+    thread's connection from run to run (it was closed after every run: a new
+    connection each time), 0 gives each run its own; the thread closes it as it ends."""
+    pids, closed = _handler_pids(postgres_database, None)
+    assert len(pids) == 3 and len(set(pids)) == 1, pids
+    assert closed, "the pool thread's connection is still open after stop()"
+    pids, closed = _handler_pids(postgres_database, 0)
+    assert len(set(pids)) == 3, pids
+    assert closed
+
+
 class _SendRunsTo:
     def __init__(self, alias: str) -> None:
         self.alias = alias

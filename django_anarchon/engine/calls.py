@@ -121,7 +121,12 @@ def _raised(exc: BaseException, ctx: JobContext) -> _Raised:
 
 
 def _in_thread(gate: _Gate, fn: Callable[[JobContext], Any], ctx: JobContext) -> _Result:
-    """Run sync user code in a pool thread with Django's per-request connection hygiene."""
+    """Run sync user code in a pool thread with Django's per-request connection hygiene.
+
+    As around a request: a connection past ``CONN_MAX_AGE``, or broken, is closed before
+    and after the call, and any other stays with the thread for its next run (closing
+    them all cost every run of a handler that touches the database a new connection).
+    """
     if not gate.enter():
         return _NOT_STARTED
     try:
@@ -134,9 +139,16 @@ def _in_thread(gate: _Gate, fn: Callable[[JobContext], Any], ctx: JobContext) ->
     finally:
         try:
             close_old_connections()
-            connections.close_all()
         except Exception:
             logger.exception("closing database connections after job %s failed", ctx.name)
+
+
+def close_thread_connections() -> None:
+    """Close the calling pool thread's connections, as the thread ends."""
+    try:
+        connections.close_all()
+    except Exception:
+        logger.exception("closing a pool thread's database connections failed")
 
 
 async def _in_task(

@@ -24,12 +24,22 @@ _WorkItem = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, 
 
 
 class DaemonThreadPool(Executor):
-    """At most ``max_workers`` daemon threads, started on demand and reused."""
+    """At most ``max_workers`` daemon threads, started on demand and reused.
 
-    def __init__(self, max_workers: int, thread_name_prefix: str = "anarchon") -> None:
+    ``on_exit`` runs on each thread as it leaves after ``shutdown()`` (a thread still in
+    user code then leaves when that returns).
+    """
+
+    def __init__(
+        self,
+        max_workers: int,
+        thread_name_prefix: str = "anarchon",
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self._max_workers = max_workers
+        self._on_exit = on_exit
         self._prefix = thread_name_prefix
         self._queue: queue.SimpleQueue[_WorkItem | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -58,6 +68,8 @@ class DaemonThreadPool(Executor):
             item = self._queue.get()
             if item is None:
                 self._queue.put(None)  # wake the next thread too
+                if self._on_exit is not None:
+                    self._on_exit()
                 return
             future, fn, args, kwargs = item
             if future.set_running_or_notify_cancel():

@@ -49,7 +49,7 @@ from ..jobs import (
 )
 from ..logtime import iso
 from ..retry import retry_store_call
-from .calls import error_text
+from .calls import close_thread_connections, error_text
 from .claims import ClaimFlows, new_token
 from .clock import REFRESH_S, StoreClock, clock_reader
 from .events import Callback, Event, EventName, EventRegistry
@@ -525,7 +525,11 @@ class Scheduler(OperatorMixin):
 
     def executor(self) -> DaemonThreadPool:
         if self._pool is None:
-            self._pool = DaemonThreadPool(self.threads, thread_name_prefix=f"anarchon-{self.name}")
+            self._pool = DaemonThreadPool(
+                self.threads,
+                thread_name_prefix=f"anarchon-{self.name}",
+                on_exit=close_thread_connections,
+            )
         return self._pool
 
     async def _ensure_init(self) -> None:
