@@ -3,7 +3,7 @@
     python benchmarks/bench_lateness.py [--workers 4]
                                         [--stores postgres,redis,mysql,sqlite,procrastinate,apscheduler]
                                         [--steady 20] [--burst 35] [--burst-jobs 1000]
-                                        [--handler sync|async] [--profile DIR] [--trace]
+                                        [--handler sync|sync-db|async] [--profile DIR] [--trace]
 
 Lateness is handler start minus slot, read by the handler itself on the machine's clock
 (every process shares it) and kept in memory until the worker stops: nothing about the
@@ -106,7 +106,15 @@ async def _work(args: argparse.Namespace) -> dict[str, Any]:
     async def arecord(ctx: JobContext) -> None:
         starts.append((ctx.name, ctx.slot, time.time_ns() // 1_000_000))
 
-    handler = arecord if args.handler == "async" else record
+    def record_and_query(ctx: JobContext) -> None:
+        """As most jobs do: a query on the project's database (the store's for PostgreSQL)."""
+        record(ctx)
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+
+    handler = {"async": arecord, "sync-db": record_and_query}.get(args.handler, record)
     backend = _backend(args.store, args.prefix)
     claims: list[tuple[int, int]] = []  # (slot, when a claim_many that won it was answered)
     if args.trace:
@@ -344,7 +352,8 @@ def main() -> None:
     parser.add_argument("--steady", type=float, default=20.0, help="seconds of the 10-job run")
     parser.add_argument("--burst", type=float, default=35.0, help="seconds of the burst run")
     parser.add_argument("--burst-jobs", type=int, default=1000)
-    parser.add_argument("--handler", choices=("sync", "async"), default="sync")
+    parser.add_argument("--handler", choices=("sync", "sync-db", "async"), default="sync",
+                        help="sync-db: a sync handler that then runs one query on its database")
     parser.add_argument("--profile", help="directory for one cProfile file per worker")
     parser.add_argument("--trace", action="store_true",
                         help="report when each burst's last winning claim was answered")
