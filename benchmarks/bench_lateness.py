@@ -96,6 +96,8 @@ def _backend(store: str, prefix: str) -> Any:
 
 
 async def _work(args: argparse.Namespace) -> dict[str, Any]:
+    from django.db import connection
+
     from django_anarchon.engine import JobContext, Scheduler
 
     starts: list[tuple[str, int, int]] = []
@@ -109,8 +111,6 @@ async def _work(args: argparse.Namespace) -> dict[str, Any]:
     def record_and_query(ctx: JobContext) -> None:
         """As most jobs do: a query on the project's database (the store's for PostgreSQL)."""
         record(ctx)
-        from django.db import connection
-
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
 

@@ -243,15 +243,21 @@ def _dt(ms: int) -> Any:
 # -- connections -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def pg_terminate(postgres_database: str) -> Iterator[Callable[[], int]]:
+def _pg_admin(alias: str) -> Any:
+    """A connection of its own to the server of ``alias``, outside Django."""
     import psycopg
 
+    db = connections[alias].settings_dict
+    return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"],
+                           dbname="postgres", autocommit=True)
+
+
+@pytest.fixture
+def pg_terminate(postgres_database: str) -> Iterator[Callable[[], int]]:
     db = connections[postgres_database].settings_dict
 
     def terminate() -> int:
-        with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"],
-                             dbname="postgres", autocommit=True) as conn:
+        with _pg_admin(postgres_database) as conn:
             rows = conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE datname = %s AND pid <> pg_backend_pid()", [db["NAME"]]
@@ -323,10 +329,7 @@ def _handler_pids(alias: str, conn_max_age: int | None) -> tuple[list[int], bool
             seen.append(cursor.fetchone()[0])
 
     def alive(pid: int) -> bool:
-        import psycopg
-
-        with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"],
-                             dbname="postgres", autocommit=True) as conn:
+        with _pg_admin(alias) as conn:
             return bool(conn.execute(
                 "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]
             ).fetchall())

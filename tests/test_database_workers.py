@@ -253,9 +253,10 @@ def _many(db: Database, workers: Workers, count: int, seconds: float, jobs: int 
         wait_for(lambda: not _not_run(db, due), 60, "every slot due before the stop to run")
     except AssertionError:
         missing = _not_run(db, due)
+        unrun = set(missing)
         raise AssertionError(
             f"{len(missing)} of {len(due)} due slots never ran, 60 s after: {missing[:10]}; "
-            f"the history has {[a for a in db.attempts() if (a[0], a[1]) in set(missing)][:10]}"
+            f"the history has {[a for a in db.attempts() if (a[0], a[1]) in unrun][:10]}"
             + "".join(f"\n--- {i}\n{workers.output(i)[-3000:]}" for i in workers.procs)
         ) from None
     workers.stop_all(timeout=60)
