@@ -56,6 +56,8 @@ DEFERRED_POLL_S = 1.0
 #: Jobs per ``job_since`` call, and how often owed slots are offered to the store again.
 SINCE_CHUNK = 500
 OWED_RETRY_S = 30.0
+#: Most slots one fall-behind of the loop owes the ledger (a job every second: 3 hours).
+MAX_OWED = 10_000
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,20 @@ class LedgerKeeper:
         """A claim of ``slot`` never got the store's answer: mark it missed once it can."""
         if self.store is not None:
             self.owed.setdefault(job.name, set()).add(slot)
+
+    def owe_from(self, job: Job, first: int, before: int | None) -> None:
+        """This instance's loop fell behind: the slots from ``first`` up to ``before``
+        were never claimed here (at most ``MAX_OWED`` of them; the next instance's look
+        at start finds the rest)."""
+        if self.store is None:
+            return
+        owed = self.owed.setdefault(job.name, set())
+        owed.add(first)
+        until = before - 1 if before is not None else first + look_back_ms(job)
+        for count, slot in enumerate(_walk(job, first, until), start=2):
+            if count > MAX_OWED:
+                break
+            owed.add(slot)
 
     async def keep(self) -> None:
         """At start: since when each job is known, then the look back (twice); then the

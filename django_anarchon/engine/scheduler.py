@@ -9,6 +9,7 @@ store does may end the scheduler: every task catches, logs, emits ``error``, and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -708,6 +709,12 @@ class Scheduler(OperatorMixin):
         while (pending := self._pending()) and (left_s := self._cut_at() - loop.time()) > 0:
             # In slices: a stop_now() meanwhile brings the cut closer.
             await asyncio.wait(pending, timeout=min(left_s, 0.1))
+        if self.ledgers.owed and (left_s := self._cut_at() - loop.time()) > 0:
+            # What the ledger is owed, within the same bound (else the next instance's
+            # look at start finds those slots).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left_s):
+                    await self.ledgers.pay_owed()
         spooled = self.owed.spool_all()
         if spooled:
             logger.warning(
@@ -847,12 +854,12 @@ class Scheduler(OperatorMixin):
                 skipped_from = slot
                 slot = job.schedule.next_after(now - job.options.max_late_ms - 1)
                 logger.warning(
-                    "scheduler %s: job %s fell behind; slots from %s to %s are too late",
-                    self.name,
-                    job.name,
-                    iso(skipped_from),
-                    iso(slot),
+                    "scheduler %s: job %s fell behind; slots from %s to before %s are too "
+                    "late", self.name, job.name, iso(skipped_from), iso(slot),
                 )
+                # Never claimed here: the ledger marks them missed unless another instance
+                # ran them (engine/ledger.py).
+                self.ledgers.owe_from(job, skipped_from, slot)
         state.next_slot = slot
         if self._timer is None:
             return
