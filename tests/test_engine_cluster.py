@@ -10,7 +10,9 @@ import threading
 import time
 from typing import Any
 
-from django_anarchon.backends.base import ActiveRun, ClaimInput, ClaimOutcome, RunClaim
+import pytest
+
+from django_anarchon.backends.base import ActiveRun, ClaimInput, ClaimOutcome, RunClaim, RunEnd
 from django_anarchon.backends.memory import MemoryBackend, MemoryRunStore
 from django_anarchon.engine import JobContext, Scheduler
 
@@ -402,6 +404,17 @@ class FlakyRunStore(MemoryRunStore):
         self._maybe_fail("finish", token)
         return await super().finish(job, slot, token, status)
 
+    async def finish_many(self, ends: list[RunEnd]) -> list[bool]:
+        for end in ends:
+            self._maybe_fail("finish", end.token)
+        return await super().finish_many(ends)
+
+
+class FlakyOneByOneRunStore(FlakyRunStore):
+    """The same, without ``finish_many``: finish(), then save_result(), as other stores do."""
+
+    finish_many = None  # type: ignore[assignment]
+
 
 class FlakySaveBackend(MemoryBackend):
     def __init__(self) -> None:
@@ -417,9 +430,12 @@ class FlakySaveBackend(MemoryBackend):
         await super().save_result(job, result, history_size, history_ttl_ms)
 
 
-async def test_store_errors_on_a_lease_store_are_retried_and_no_record_is_lost() -> None:
+@pytest.mark.parametrize("one_by_one", [False, True], ids=["finish_many", "finish-then-save"])
+async def test_store_errors_on_a_lease_store_are_retried_and_no_record_is_lost(
+    one_by_one: bool,
+) -> None:
     backend = FlakySaveBackend()
-    runs = backend.runs = FlakyRunStore(backend)
+    runs = backend.runs = (FlakyOneByOneRunStore if one_by_one else FlakyRunStore)(backend)
     calls = Calls()
 
     async def handler(ctx: JobContext) -> None:
@@ -438,7 +454,8 @@ async def test_store_errors_on_a_lease_store_are_retried_and_no_record_is_lost()
     for call in ("claim", "heartbeat", "finish"):
         assert runs.failures[call] == 0, call
         assert len(set(runs.tokens[call])) == 1, (call, runs.tokens[call])
-    assert backend.save_failures == 0
+    # With finish_many the record went with the finish: save_result was never called.
+    assert backend.save_failures == (0 if one_by_one else 2)
     (record,) = await s.ahistory("flaky")
     assert (record.status, record.attempt) == ("success", 1)
     assert not events.named("lost")

@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
-from django_anarchon.backends.base import ActiveRun, FinalStatus, RunClaim
+from django_anarchon.backends.base import ActiveRun, FinalStatus, RunClaim, RunEnd
 from django_anarchon.backends.memory import MemoryBackend, MemoryRunStore
 from django_anarchon.engine import JobContext, Scheduler
 from django_anarchon.engine.events import Event
 
 from .test_engine_support import Calls, Events, LoopThread, iso_in, wait_for, wait_for_sync
+
+T = TypeVar("T")
 
 
 def _log_records(s: Scheduler, log: Calls) -> None:
@@ -354,11 +356,18 @@ class _Transport:
         return await asyncio.shield(asyncio.ensure_future(travel()))
 
     async def finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
+        return await self._finishing(self.inner.finish(job, slot, token, status))
+
+    async def finish_many(self, ends: list[RunEnd]) -> list[bool]:
+        return await self._finishing(self.inner.finish_many(ends))
+
+    async def _finishing(self, call: Coroutine[Any, Any, T]) -> T:
         self.finish_calls += 1
         step = self.finish_plan.pop(0) if self.finish_plan else "ok"
         if step == "down":
+            call.close()
             raise ConnectionError("store unreachable (test)")
-        answer = await self.inner.finish(job, slot, token, status)
+        answer = await call
         if step == "lost-reply":
             raise ConnectionError("connection reset after the request was sent (test)")
         return answer

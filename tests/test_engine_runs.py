@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from django_anarchon import signals
-from django_anarchon.backends.memory import MemoryBackend
+from django_anarchon.backends.base import FinalStatus, RunEnd
+from django_anarchon.backends.memory import MemoryBackend, MemoryRunStore
 from django_anarchon.engine import JobContext, Scheduler
 from django_anarchon.engine.events import Event
 
@@ -316,3 +317,49 @@ async def test_a_sync_callable_returning_a_coroutine_is_awaited() -> None:
     s.every("wrapped", "1h", lambda ctx: work(ctx))
     record = await s.arun_now("wrapped")
     assert record.status == "success" and seen == [record.slot]
+
+
+class _CountingEnds(MemoryRunStore):
+    """The memory lease store, counting the ends each ``finish_many`` call carried."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        super().__init__(backend._state)
+        self.batches: list[int] = []
+        self.finishes = 0
+
+    async def finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
+        self.finishes += 1
+        return await super().finish(job, slot, token, status)
+
+    async def finish_many(self, ends: list[RunEnd]) -> list[bool]:
+        self.batches.append(len(ends))
+        return await super().finish_many(ends)
+
+
+async def test_runs_that_end_together_are_finished_and_recorded_in_few_store_calls() -> None:
+    """50 runs ending at once: their finishes and records go in one or two calls, not 100."""
+    backend = MemoryBackend()
+    runs = backend.runs = _CountingEnds(backend)
+    calls = Calls()
+    go = asyncio.Event()
+
+    async def handler(ctx: JobContext) -> None:
+        calls.add(job=ctx.name)
+        await go.wait()
+
+    s = Scheduler(backend, instance_id="A")
+    at = iso_in(200)
+    for i in range(50):
+        s.at(f"end{i}", at, handler)
+    await s.start()
+    try:
+        await wait_for(lambda: len(calls) == 50, 10, "50 runs started")
+        go.set()
+        await wait_for(lambda: sum(runs.batches) == 50, 10, "50 ends sent")
+        for i in range(50):
+            (record,) = await s.ahistory(f"end{i}")
+            assert record.status == "success", record
+    finally:
+        await s.stop()
+    assert runs.finishes == 0
+    assert len(runs.batches) <= 2, runs.batches

@@ -118,7 +118,7 @@ def test_a_spool_is_replayed_only_into_its_own_scheduler_and_store(tmp_path: Pat
 
 #: The store calls a transport that is down refuses (reads of history stay the test's).
 _CALLS = ("claim", "claim_many", "record_claim", "save_result")
-_RUN_CALLS = ("claim", "claim_many", "heartbeat", "finish", "release", "active")
+_RUN_CALLS = ("claim", "claim_many", "heartbeat", "finish", "finish_many", "release", "active")
 
 
 class _Guarded:

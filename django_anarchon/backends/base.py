@@ -240,6 +240,27 @@ class StoredResult:
 
 
 @dataclass(frozen=True)
+class RunEnd:
+    """An attempt's end, for ``runs.finish_many()``: its lease's finish and its history.
+
+    ``result`` is written only if the finish acts (the token still holds the run), in the
+    same atomic step, so that history never says "success" of a run another instance took
+    over, and a crash between the two cannot leave a finished run with no record.
+    """
+
+    job: str
+    token: str
+    status: FinalStatus
+    result: StoredResult
+    history_size: int
+    history_ttl_ms: int | None = None
+
+    @property
+    def slot(self) -> int:
+        return self.result.slot
+
+
+@dataclass(frozen=True)
 class ClaimRecord:
     """A won claim, as ``build_history`` pairs it with results (times in epoch ms)."""
 

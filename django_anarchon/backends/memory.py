@@ -31,6 +31,7 @@ from .base import (
     FinalStatus,
     PauseState,
     RunClaim,
+    RunEnd,
     RunReason,
     RunRecord,
     SlotMark,
@@ -134,6 +135,14 @@ class _State:
             history = self.history[job] = _History()
         return history
 
+    def save_result(
+        self, job: str, result: StoredResult, history_size: int, history_ttl_ms: int | None
+    ) -> None:
+        """Under ``lock``: write ``result`` over its claim's record, then prune."""
+        history = self.job_history(job)
+        history.results[(result.slot, result.by, result.attempt, result.manual)] = result
+        history.prune(self.now(), history_size, history_ttl_ms)
+
 
 class MemoryRunStore:
     """The lease rules of SPEC section 5 over a dict, on the backend's (injectable) clock."""
@@ -159,23 +168,39 @@ class MemoryRunStore:
 
     async def finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
         with self._state.lock:
-            run = self._mine(job, slot, token)
-            if run is None:
-                done = self._state.runs.get(job, {}).get(slot)
-                if done is None or done.state != "finished" or done.token != token:
-                    return False
-                if done.status == CANCELLED:
-                    return False  # fenced by a later slot's cancel_other claim
-                # The same finish again (its first reply was lost) still succeeded; a run
-                # the store ended ``interrupted`` (lapsed, no attempt left for anyone)
-                # still takes its own runner's late word.
-                if done.status == "interrupted":
-                    done.status = status
-                return done.status == status
-            run.state = "finished"
-            run.status = status
-            run.finished_at = self._state.now()
-            return True
+            return self._finish(job, slot, token, status)
+
+    async def finish_many(self, ends: list[RunEnd]) -> list[bool]:
+        """Each end's finish and, where it acted, its history record, under one lock."""
+        with self._state.lock:
+            answers = []
+            for end in ends:
+                finished = self._finish(end.job, end.slot, end.token, end.status)
+                if finished:
+                    self._state.save_result(
+                        end.job, end.result, end.history_size, end.history_ttl_ms
+                    )
+                answers.append(finished)
+            return answers
+
+    def _finish(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
+        run = self._mine(job, slot, token)
+        if run is None:
+            done = self._state.runs.get(job, {}).get(slot)
+            if done is None or done.state != "finished" or done.token != token:
+                return False
+            if done.status == CANCELLED:
+                return False  # fenced by a later slot's cancel_other claim
+            # The same finish again (its first reply was lost) still succeeded; a run
+            # the store ended ``interrupted`` (lapsed, no attempt left for anyone)
+            # still takes its own runner's late word.
+            if done.status == "interrupted":
+                done.status = status
+            return done.status == status
+        run.state = "finished"
+        run.status = status
+        run.finished_at = self._state.now()
+        return True
 
     async def release(self, job: str, slot: int, token: str) -> bool:
         with self._state.lock:
@@ -503,9 +528,7 @@ class MemoryBackend(BaseBackend):
         self, job: str, result: StoredResult, history_size: int, history_ttl_ms: int | None = None
     ) -> None:
         with self._state.lock:
-            history = self._state.job_history(job)
-            history.results[(result.slot, result.by, result.attempt, result.manual)] = result
-            history.prune(self._state.now(), history_size, history_ttl_ms)
+            self._state.save_result(job, result, history_size, history_ttl_ms)
 
     async def history(self, job: str, limit: int) -> list[RunRecord]:
         with self._state.lock:

@@ -38,12 +38,13 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from concurrent.futures import Future as ThreadFuture
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar
 
 from ..backends.base import (
     Backend,
     BaseBackend,
     FinalStatus,
+    RunEnd,
     RunReason,
     RunRecord,
     StoredResult,
@@ -76,6 +77,7 @@ from .calls import (
     error_text,
 )
 from .context import JobContext
+from .ends import EndBatcher
 from .events import Event, EventName
 from .signal import AbortSignal
 from .timer import now_ms
@@ -93,6 +95,10 @@ T = TypeVar("T")
 
 #: Marks "no run data given" (``None`` is a value a caller may not mean to pass).
 UNSET: Any = object()
+
+#: How an attempt's lease ended: its finish is ``owed`` (it never reached the store),
+#: ``ended`` (finished, lost, or released), or ``recorded`` (finished with its record).
+Settled: TypeAlias = Literal["owed", "ended", "recorded"]
 
 #: How long finish()/save_result() keep retrying a store that is down before giving up.
 RECORD_RETRY_MS = 10 * 60 * 1000
@@ -198,6 +204,20 @@ class Runner:
 
     def __init__(self, host: RunnerHost) -> None:
         self.host = host
+        self._ends: EndBatcher | None = None
+
+    def _batcher(self) -> EndBatcher | None:
+        """Where the store writes a finish and its record in one call (``engine/ends.py``)."""
+        runs: Any = self.host.backend.runs
+        if not callable(getattr(runs, "finish_many", None)):
+            return None
+        if self._ends is None or self._ends.runs is not runs:
+            self._ends = EndBatcher(runs)
+        return self._ends
+
+    def close(self) -> asyncio.Task[None] | None:
+        """At a stop: cancel the batch of ends still on its way (``EndBatcher.close``)."""
+        return None if self._ends is None else self._ends.close()
 
     def _what(self, attempt: Attempt, call: str) -> str:
         return (
@@ -287,10 +307,11 @@ class Runner:
             entry = self._entry(attempt, status, finished_at, error,
                                 finish=heartbeat is not None and not attempt.lost)
             owed.owe(attempt, entry)
-            finish_owed = False
+            settled: Settled = "ended"
             if heartbeat is not None and not attempt.lost:
                 # Heartbeats go on until finish()/release() has answered.
-                finish_owed = not await self._settle(attempt, status)
+                settled = await self._settle(attempt, status, entry)
+            finish_owed = settled == "owed"
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
@@ -307,7 +328,9 @@ class Runner:
             error = f"{error}\n\n{note}" if error else note
             status = "interrupted"
         record = self.record(attempt, status, finished_at, error)
-        if not finish_owed and not owed.settled(attempt):
+        if settled == "recorded":  # the finish and the record, in one store call
+            owed.paid(attempt)
+        elif not finish_owed and not owed.settled(attempt):
             if fenced:
                 owed.paid(attempt)
             elif attempt.lost:  # the history record says so now: lost, interrupted
@@ -327,13 +350,14 @@ class Runner:
             await self._emit("lost", attempt, record, error=error, reason=why)
         return record
 
-    async def _settle(self, attempt: Attempt, status: FinalStatus) -> bool:
+    async def _settle(self, attempt: Attempt, status: FinalStatus, entry: SpoolEntry) -> Settled:
         """End the lease: release it after a stop (a backup takes over at once), else finish.
 
         With no attempt left nobody could take a released run over, so it is finished
-        ``interrupted`` instead of waiting for the store's sweep. ``False`` if a finish
-        never reached the store (it is owed, and spooled). A release that did not is not
-        owed: the lease lapses by itself.
+        ``interrupted`` instead of waiting for the store's sweep. ``owed`` if a finish
+        never reached the store (it is owed, and spooled); ``recorded`` if the finish
+        wrote ``entry``'s history record too (``runs.finish_many``). A release that did
+        not reach the store is not owed: the lease lapses by itself.
         """
         attempt._ending = True
         if (
@@ -342,11 +366,15 @@ class Runner:
             and attempt.attempt < attempt.job.options.max_attempts
         ):
             await self._release(attempt)
-            return True
-        finished = await self._finish(attempt, status)
-        if finished is False:
+            return "ended"
+        ends = self._batcher()
+        finished = await self._finish(attempt, status, None if ends is None else (ends, entry))
+        if finished is None:
+            return "owed"
+        if not finished:
             attempt.lost = True
-        return finished is not None
+            return "ended"
+        return "ended" if ends is None else "recorded"
 
     def _entry(
         self, attempt: Attempt, status: FinalStatus, finished_at: int, error: str | None,
@@ -671,17 +699,29 @@ class Runner:
                 attempt.interrupt("takeover")
                 return
 
-    async def _finish(self, attempt: Attempt, status: FinalStatus) -> bool | None:
+    async def _finish(
+        self,
+        attempt: Attempt,
+        status: FinalStatus,
+        recording: tuple[EndBatcher, SpoolEntry] | None = None,
+    ) -> bool | None:
+        """``finish()``, or with ``recording`` the finish and the entry's record together."""
         runs = self.host.backend.runs
         assert runs is not None and attempt.token is not None
         job, slot, token = attempt.job.name, attempt.slot, attempt.token
 
+        def call() -> Awaitable[bool]:
+            if recording is None:
+                return runs.finish(job, slot, token, status)
+            ends, entry = recording
+            return ends.finish(RunEnd(
+                job, token, status, entry.result, entry.history_size, entry.history_ttl_ms
+            ))
+
         async def finish() -> bool:
             # Repeat-safe: a retry after a lost reply finds the run finished by this very
             # token with this status, and the store answers True again.
-            finished = await self.host.tracing.store(
-                "finish", runs.finish(job, slot, token, status), job=job, slot=slot
-            )
+            finished = await self.host.tracing.store("finish", call(), job=job, slot=slot)
             attempt._settled = True
             return finished
 

@@ -723,6 +723,8 @@ class Scheduler(OperatorMixin):
             )
         for task in pending:
             task.cancel()
+        if (sending := self._runner.close()) is not None:  # their batch of ends, if any
+            pending.add(sending)
         if listening is not None:
             pending.add(listening)
         if pending:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ..backends.base import MIN_KEEP_MS, ClaimOutcome, FinalStatus
+from ..backends.base import MIN_KEEP_MS, ClaimOutcome, FinalStatus, RunEnd, RunStore
 from ._base import (
     _HOUR_MS,
     _KEEP_MS,
@@ -376,6 +376,76 @@ class LeaseTests(ContractBase):
             assert await runs.finish(job, slot, "a", "failed") is False
             assert await runs.finish(job, slot, "x", "success") is False
             assert await runs.finish(job, slot + 1, "a", "success") is False
+
+        self.run(make_backend, scenario)
+
+    @staticmethod
+    def finishes_many(runs: RunStore) -> None:
+        """Skips the test where the store has no ``runs.finish_many`` (it is optional)."""
+        if not callable(getattr(runs, "finish_many", None)):
+            pytest.skip("no runs.finish_many (optional)")
+
+    def test_lease_finish_many_finishes_and_records_together(
+        self, make_backend: BackendFactory
+    ) -> None:
+        """Each end is ``finish()``; its record is written only where that finish acted."""
+
+        async def scenario(backends: _Backends) -> None:
+            backend, runs = await self.leases(backends)
+            self.finishes_many(runs)
+            jobs = [unique_job(f"ends{i}") for i in range(4)]
+            slot = _past_ms()
+            for i, job in enumerate(jobs[:3]):
+                assert await runs.claim(self.run_claim(job, slot, f"t{i}", "A")) == (
+                    ClaimOutcome.won(1)
+                )
+            started = _now_ms()
+            ends = [
+                RunEnd(jobs[0], "t0", "success", self.result(slot, "A", started), 10),
+                RunEnd(jobs[1], "t1", "failed",
+                       self.result(slot, "A", started, status="failed", error="boom"), 10),
+                # Another token than the one that holds the run: refused, and no record.
+                RunEnd(jobs[2], "stale", "success", self.result(slot, "Z", started), 10),
+                # A run nobody claimed: refused, and no record either.
+                RunEnd(jobs[3], "t3", "success", self.result(slot, "A", started), 10),
+            ]
+            assert await runs.finish_many(ends) == [True, True, False, False]  # type: ignore[attr-defined]
+            # Repeat-safe, as finish() is: the reply of the first call may have been lost.
+            assert await runs.finish_many(ends) == [True, True, False, False]  # type: ignore[attr-defined]
+            for job, status in ((jobs[0], "success"), (jobs[1], "failed")):
+                assert await runs.claim(self.run_claim(job, slot, "x", "X")) == ClaimOutcome.done()
+                (record,) = await backend.history(job, 10)
+                assert (record.instance_id, record.status) == ("A", status), record
+            assert (await backend.history(jobs[1], 10))[0].error == "boom"
+            (held,) = await backend.history(jobs[2], 10)
+            assert (held.instance_id, held.status) == ("A", "running"), held
+            assert await runs.active(jobs[2]) == [_active(slot, 1, True)]
+            assert await backend.history(jobs[3], 10) == []
+            assert await runs.finish(jobs[2], slot, "t2", "success") is True
+
+        self.run(make_backend, scenario)
+
+    def test_lease_finish_many_keeps_history_bounded(self, make_backend: BackendFactory) -> None:
+        """Ends of one job in one call: its history is pruned to ``history_size`` after them."""
+
+        async def scenario(backends: _Backends) -> None:
+            backend, runs = await self.leases(backends)
+            self.finishes_many(runs)
+            job, base = unique_job("endsbound"), _past_ms()
+            slots = [base + i * 1000 for i in range(3)]
+            for i, slot in enumerate(slots):
+                claim = self.run_claim(job, slot, f"t{i}", "A", overlap="allow")
+                assert await runs.claim(claim) == ClaimOutcome.won(1)
+            started = _now_ms()
+            ends = [
+                RunEnd(job, f"t{i}", "success", self.result(slot, "A", started + i), 2)
+                for i, slot in enumerate(slots)
+            ]
+            assert await runs.finish_many(ends) == [True, True, True]  # type: ignore[attr-defined]
+            records = await backend.history(job, 10)
+            assert [(r.slot, r.status) for r in records] == [
+                (slots[2], "success"), (slots[1], "success")
+            ], records
 
         self.run(make_backend, scenario)
 

@@ -27,6 +27,7 @@ from ..base import (
     FinalStatus,
     PauseState,
     RunClaim,
+    RunEnd,
     RunRecord,
     SlotMark,
     StoredResult,
@@ -199,6 +200,13 @@ class DatabaseRunStore:
         return bool(
             await self._backend._store_call("finish", job, slot, token, status, urgent=True)
         )
+
+    async def finish_many(self, ends: list[RunEnd]) -> list[bool]:
+        """The finishes and their records in one hop to a thread and one transaction."""
+        answers: list[bool] = await self._backend._store_call(
+            "finish_many", list(ends), urgent=True
+        )
+        return answers
 
     async def release(self, job: str, slot: int, token: str) -> bool:
         return bool(await self._backend._store_call("release", job, slot, token, urgent=True))

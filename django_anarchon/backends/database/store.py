@@ -48,6 +48,7 @@ from ..base import (
     ClaimOutcome,
     FinalStatus,
     RunClaim,
+    RunEnd,
     RunReason,
     RunRecord,
     StoredResult,
@@ -415,19 +416,22 @@ class Store:
     ) -> None:
         def save() -> None:
             with self._write():
-                self._put_attempt(
-                    job, result.slot, result.by, result.attempt, result.manual,
-                    reason="manual" if result.manual else result.reason,
-                    status=result.status,
-                    started_at=result.started_at,
-                    finished_at=result.finished_at,
-                    duration_ms=result.duration_ms,
-                    error=result.error,
-                    keep_reason=True,
-                )
+                self._put_result(job, result)
                 self._prune(job, history_size, history_ttl_ms)
 
         self._retrying(save)
+
+    def _put_result(self, job: str, result: StoredResult) -> None:
+        self._put_attempt(
+            job, result.slot, result.by, result.attempt, result.manual,
+            reason="manual" if result.manual else result.reason,
+            status=result.status,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            duration_ms=result.duration_ms,
+            error=result.error,
+            keep_reason=True,
+        )
 
     def _prune(self, job: str, history_size: int, history_ttl_ms: int | None) -> None:
         """Set-based: the newest ``history_size`` attempts stay, none older than the ttl.
@@ -1042,6 +1046,30 @@ class Store:
                 return self._end(job, slot, token, status)
 
         return self._retrying(end)
+
+    def finish_many(self, ends: list[RunEnd]) -> list[bool]:
+        """Each end's ``finish()`` and, where it acted, its record, in one transaction.
+
+        Runs are ended in (job, slot) order, so that two instances' batches never wait on
+        each other in a circle; each job's history is pruned once, after its records.
+        """
+        order = sorted(range(len(ends)), key=lambda i: (ends[i].job, ends[i].slot))
+
+        def end_all() -> list[bool]:
+            answers = [False] * len(ends)
+            pruned: dict[str, RunEnd] = {}
+            with self._write():
+                for i in order:
+                    end = ends[i]
+                    if self._end(end.job, end.slot, end.token, end.status):
+                        answers[i] = True
+                        self._put_result(end.job, end.result)
+                        pruned[end.job] = end
+                for job, end in pruned.items():
+                    self._prune(job, end.history_size, end.history_ttl_ms)
+            return answers
+
+        return self._retrying(end_all)
 
     def _end(self, job: str, slot: int, token: str, status: FinalStatus) -> bool:
         return bool(

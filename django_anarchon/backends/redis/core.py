@@ -37,6 +37,7 @@ from ..base import (
     FinalStatus,
     JobLimits,
     RunClaim,
+    RunEnd,
     RunRecord,
     StoredResult,
     Wakeup,
@@ -125,6 +126,19 @@ def _record_field(slot: int, attempt: int, manual: bool, by: str) -> str:
 
 def _opt(value: int | None) -> str:
     return "" if value is None else str(int(value))
+
+
+def _result_args(result: StoredResult, history_size: int, history_ttl_ms: int | None) -> list[Any]:
+    """SAVE_RESULT's ARGV: the record's field and JSON, its times, the history's bounds."""
+    record = {"v": STORE_FORMAT, **result.to_dict()}
+    return [
+        _record_field(result.slot, result.attempt, result.manual, result.by),
+        json.dumps(record, separators=(",", ":")),
+        result.started_at,
+        result.finished_at,
+        history_size,
+        _opt(history_ttl_ms),
+    ]
 
 
 def _abandon(client: Any) -> None:
@@ -505,18 +519,10 @@ class RedisProtocolBackend(BaseBackend):
     async def save_result(
         self, job: str, result: StoredResult, history_size: int, history_ttl_ms: int | None = None
     ) -> None:
-        record = {"v": STORE_FORMAT, **result.to_dict()}
         await self.eval(
             scripts.SAVE_RESULT,
             self.history_keys(job),
-            [
-                _record_field(result.slot, result.attempt, result.manual, result.by),
-                json.dumps(record, separators=(",", ":")),
-                result.started_at,
-                result.finished_at,
-                history_size,
-                _opt(history_ttl_ms),
-            ],
+            _result_args(result, history_size, history_ttl_ms),
         )
 
     async def history(self, job: str, limit: int) -> list[RunRecord]:
@@ -627,6 +633,19 @@ class RedisRunStore(LedgerCalls):
             [token, status, slot, DEFAULT_KEEP_MS, MIN_KEEP_MS],
         )
         return int(done) == 1
+
+    async def finish_many(self, ends: list[RunEnd]) -> list[bool]:
+        """One script per end (its finish, then its record if that acted), pipelined."""
+        calls = []
+        for end in ends:
+            base = self._backend.job_key(end.job)
+            calls.append((
+                scripts.FINISH_RESULT,
+                [f"{base}:r:{end.slot}", f"{base}:active", *self._backend.history_keys(end.job)],
+                [end.token, end.status, end.slot, DEFAULT_KEEP_MS, MIN_KEEP_MS,
+                 *_result_args(end.result, end.history_size, end.history_ttl_ms)],
+            ))
+        return [int(done) == 1 for done in await self._backend.eval_many(calls)]
 
     async def release(self, job: str, slot: int, token: str) -> bool:
         done = await self._backend.eval(scripts.RELEASE, [self._run_key(job, slot)], [token])

@@ -52,6 +52,7 @@ __all__ = [
     "ACTIVE",
     "CLAIM_KEY",
     "FINISH",
+    "FINISH_RESULT",
     "HEARTBEAT",
     "HISTORY",
     "IDMP_CLAIM",
@@ -379,15 +380,23 @@ return redis.error_reply('no free manual slot')
 """,
 )
 
+# Writes one stored result into the history keys KEYS[h]..KEYS[h+4], then prunes them.
+_SAVE_FN = r"""
+local function save_record(h, field, record, started_at, finished_at, size, ttl)
+  redis.call('HSET', KEYS[h + 1], field, record)
+  redis.call('ZADD', KEYS[h + 2], started_at, field)
+  redis.call('ZADD', KEYS[h + 3], finished_at, field)
+  hist_prune(h, tonumber(size), ttl, now_ms())
+end
+"""
+
 # save_result(). KEYS: hc, hr, hs, he, hm.
 # ARGV: field, result JSON, started_at, finished_at, history_size, history_ttl_ms|''.
 SAVE_RESULT = _script(
     "save_result",
-    r"""
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
-hist_prune(1, tonumber(ARGV[5]), ARGV[6], now_ms())
+    _SAVE_FN
+    + r"""
+save_record(1, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 return 1
 """,
 )
@@ -618,22 +627,45 @@ return 1
 
 # runs.finish(): repeat-safe (the same token and status on a run already finished so
 # answers 1 again: the first call's reply may have been lost).
+_FINISH_FN = r"""
+local function finish_run(run, active, token, status, slot, default_keep, min_keep)
+  local st = redis.call('HMGET', run, 'state', 'token', 'keep_ms', 'status')
+  if st[2] ~= token then return 0 end
+  if st[1] == 'finished' and (st[4] == status or st[4] == 'interrupted') then
+    -- a repeat, or the runner's late word on a run the store ended (no attempt was left)
+    redis.call('HSET', run, 'status', status)
+    return 1
+  end
+  if st[1] ~= 'running' then return 0 end
+  local now = now_ms()
+  redis.call('HSET', run, 'state', 'finished', 'status', status, 'finished_at', now)
+  redis.call('ZREM', active, slot)
+  retain(run, tonumber(slot), now, st[3], tonumber(default_keep), tonumber(min_keep), now)
+  return 1
+end
+"""
+
 # KEYS: run, active. ARGV: token, status, slot, default keep, minimum keep.
 FINISH = _script(
     "finish",
-    r"""
-local st = redis.call('HMGET', KEYS[1], 'state', 'token', 'keep_ms', 'status')
-if st[2] ~= ARGV[1] then return 0 end
-if st[1] == 'finished' and (st[4] == ARGV[2] or st[4] == 'interrupted') then
-  -- a repeat, or the runner's late word on a run the store ended (no attempt was left)
-  redis.call('HSET', KEYS[1], 'status', ARGV[2])
-  return 1
+    _FINISH_FN
+    + r"""
+return finish_run(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+""",
+)
+
+# runs.finish_many(), one call per end: the finish and, if it acted, the history record,
+# in one atomic step (a record never says "success" of a run another instance holds).
+# KEYS: run, active, hc, hr, hs, he, hm. ARGV: FINISH's five, then SAVE_RESULT's six.
+FINISH_RESULT = _script(
+    "finish_result",
+    _FINISH_FN
+    + _SAVE_FN
+    + r"""
+if finish_run(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]) == 0 then
+  return 0
 end
-if st[1] ~= 'running' then return 0 end
-local now = now_ms()
-redis.call('HSET', KEYS[1], 'state', 'finished', 'status', ARGV[2], 'finished_at', now)
-redis.call('ZREM', KEYS[2], ARGV[3])
-retain(KEYS[1], tonumber(ARGV[3]), now, st[3], tonumber(ARGV[4]), tonumber(ARGV[5]), now)
+save_record(3, ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11])
 return 1
 """,
 )
