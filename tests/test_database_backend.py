@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.db import connections
 from django.test.utils import override_settings
 
-from django_anarchon.backends.base import ClaimInput, ClaimOutcome, RunClaim, StoredResult
+from django_anarchon.backends.base import ClaimInput, ClaimOutcome, RunClaim, RunEnd, StoredResult
 from django_anarchon.backends.database import DatabaseBackend
 from django_anarchon.backends.database.store import Store
 from django_anarchon.models import JobLock, Run, RunAttempt
@@ -148,6 +148,28 @@ def test_general_path_round_trips(alias: str) -> None:
     lost = ClaimInput(job=job, slot=slot + 1, token="q", instance_id="B")
     won, second = count(alias, lambda: store.claim(lost))
     assert won is False and second.round_trips == 1
+
+
+def test_finish_many_is_one_transaction_of_a_few_statements_per_end(alias: str) -> None:
+    """20 runs' finishes and records: one transaction, where one by one they took 40."""
+    store = Store(alias)
+    slot = store.now_ms() - 5_000
+    jobs = [_job(f"ends{i}") for i in range(20)]
+    store.prepare_jobs(jobs)
+    for i, job in enumerate(jobs):
+        assert store.run_claim(_claim(job, slot, f"t{i}")) == ClaimOutcome.won(1)
+    now = store.now_ms()
+    ends = [
+        RunEnd(job, f"t{i}", "success", StoredResult(slot, "A", 1, "success", now, now, 0), 10)
+        for i, job in enumerate(jobs)
+    ]
+    answers, trips = count(alias, lambda: store.finish_many(ends))
+    assert answers == [True] * 20
+    # Per end: the finish and the record's upsert; per job: the prune (2 statements).
+    # (SQLite's BEGIN IMMEDIATE is a statement of its own.)
+    assert trips.transactions == 1, trips.statements
+    assert len(trips.statements) <= 4 * 20 + 1, trips.statements
+    assert [r.status for job in jobs for r in store.history(job, 10)] == ["success"] * 20
 
 
 # -- the server's clock ----------------------------------------------------------------

@@ -29,6 +29,9 @@ keyword arguments). What each method owes the engine:
     Connect (idempotently), set up per-job structures, and close only what you opened.
 ``claim_many(inputs)`` (optional)
     Decide many claims in one round trip; the engine uses it for claims due together.
+``runs.finish_many(ends)`` (optional, lease stores)
+    Each ``RunEnd``'s ``finish()`` and, where that is ``True``, its ``save_result()``, in
+    one atomic step; the engine uses it for runs that end together.
 
 A store that can keep leases also offers ``backend.runs``, a ``RunStore`` following the
 lease rules of the specification (section 5), every method atomic and timed by the
@@ -83,7 +86,9 @@ The suite checks:
   and what SPEC section 9 added: ``early`` for a new run before its slot (nothing
   written), a repeated ``finish`` with the same token and status is ``True``, the
   ``keep_ms`` floor (``MIN_KEEP_MS``), a ``keep_ms`` that never shrinks, and the sweep that
-  ends a lapsed run whose attempts are used up;
+  ends a lapsed run whose attempts are used up; where ``runs.finish_many`` is offered,
+  that it answers as ``finish()`` would, writes a record only where the finish acted, is
+  repeat-safe, and prunes history;
 * the overlap policies, with leases: ``buffer_one`` (one slot waits, the next is
   skipped), ``buffer_all`` (bounded, oldest first), a buffered slot that waited past its
   ``max_late`` still runs, ``cancel_other`` (the old token fenced at once, its attempt
