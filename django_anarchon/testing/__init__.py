@@ -88,7 +88,8 @@ The suite checks:
   ``keep_ms`` floor (``MIN_KEEP_MS``), a ``keep_ms`` that never shrinks, and the sweep that
   ends a lapsed run whose attempts are used up; where ``runs.finish_many`` is offered,
   that it answers as ``finish()`` would, writes a record only where the finish acted, is
-  repeat-safe, and prunes history;
+  repeat-safe, prunes history, and that a late one racing a backup's takeover leaves
+  exactly one winner and a history that says which;
 * the overlap policies, with leases: ``buffer_one`` (one slot waits, the next is
   skipped), ``buffer_all`` (bounded, oldest first), a buffered slot that waited past its
   ``max_late`` still runs, ``cancel_other`` (the old token fenced at once, its attempt

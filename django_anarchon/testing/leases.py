@@ -449,6 +449,38 @@ class LeaseTests(ContractBase):
 
         self.run(make_backend, scenario)
 
+    def test_lease_finish_many_races_a_takeover(self, make_backend: BackendFactory) -> None:
+        """A lapsed run's late ``finish_many`` against a backup's takeover: one of them wins,
+        and history says which (never "success" for a run the backup holds), whether the
+        two go through separate backends or through one shared object."""
+
+        async def scenario(backends: _Backends) -> None:
+            backend, runs = await self.leases(backends)
+            self.finishes_many(runs)
+            _, backup = await self.leases(backends)
+            for round_ in range(6):  # through another backend, then through the same one
+                claimer = backup if round_ % 2 == 0 else runs
+                job, slot = unique_job(f"endrace{round_}"), _past_ms()
+                first = self.run_claim(job, slot, "a", "A", lease_ms=self.lease_ms, max_attempts=2)
+                assert await runs.claim(first) == ClaimOutcome.won(1)
+                await self.wait_lapsed(runs, job, slot)
+                end = RunEnd(job, "a", "success", self.result(slot, "A", _now_ms()), 10)
+                takeover = self.run_claim(job, slot, "b", "B", mode="takeover", max_attempts=2)
+                (finished,), taken = await asyncio.gather(
+                    runs.finish_many([end]),  # type: ignore[attr-defined]
+                    claimer.claim(takeover),
+                )
+                records = {r.attempt: r for r in await backend.history(job, 10)}
+                if finished:
+                    assert taken == ClaimOutcome.done(), taken
+                    assert list(records) == [1] and records[1].status == "success", records
+                else:
+                    assert taken == ClaimOutcome.won(2), taken
+                    assert records[1].status == "interrupted", records
+                    assert records[2].status == "running", records
+
+        self.run(make_backend, scenario)
+
     def test_lease_keep_floor_keeps_a_failed_run_for_its_retry(
         self, make_backend: BackendFactory
     ) -> None:
