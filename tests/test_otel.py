@@ -106,6 +106,13 @@ def check_attempt(run: ReadableSpan, job: str, *, outcome: str, instance: str = 
     assert str(attributes["anarchon.slot"]).endswith("+00:00")
 
 
+def check_finish_with_record(below: list[ReadableSpan], job: str) -> None:
+    """A lease store with ``finish_many``: the finish wrote the record, no ``save_result``."""
+    (finish,) = [s for s in below if s.name == f"finish {job}"]
+    assert dict(finish.attributes or {}).get("anarchon.with_record") is True
+    assert f"save_result {job}" not in names(below), names(below)
+
+
 # -- the memory store ----------------------------------------------------------------------
 
 
@@ -125,9 +132,8 @@ async def test_a_sync_attempt_is_one_span_with_its_claim_store_calls_and_user_sp
     check_attempt(run, "otel.sync", outcome="success")
     assert run.parent is None
     assert run.status.status_code is StatusCode.UNSET
-    assert {"claim otel.sync", "finish otel.sync", "save_result otel.sync", "fetch prices"} <= set(
-        names(below)
-    ), names(below)
+    assert {"claim otel.sync", "finish otel.sync", "fetch prices"} <= set(names(below)), names(below)
+    check_finish_with_record(below, "otel.sync")
     (claim,) = [s for s in below if s.name == "claim otel.sync"]
     assert claim.kind is SpanKind.CLIENT
     assert dict(claim.attributes or {})["anarchon.outcome"] == "won"
@@ -190,7 +196,7 @@ async def test_a_failing_handler_sets_error_status_without_secrets(
     assert "hunter2" not in everything
     assert "cache.example" in everything  # the error is there, only its password masked
     # The run's records still went to the store, under the attempt.
-    assert {"finish otel.fails", "save_result otel.fails"} <= set(names(below))
+    check_finish_with_record(below, "otel.fails")
 
 
 async def test_a_timeout_is_the_recorded_error(exporter: InMemorySpanExporter) -> None:
@@ -389,7 +395,8 @@ async def test_a_stop_releases_and_the_backup_s_takeover_is_its_own_trace(
 def check_real_store(exporter: InMemorySpanExporter, job: str, store: str) -> None:
     run, below = attempt_tree(exporter, job)
     check_attempt(run, job, outcome="success")
-    assert {f"claim {job}", f"finish {job}", f"save_result {job}", "user"} <= set(names(below))
+    assert {f"claim {job}", f"finish {job}", "user"} <= set(names(below))
+    check_finish_with_record(below, job)
     for span in below:
         if span.name != "user":
             assert dict(span.attributes or {})["anarchon.store"] == store
@@ -484,8 +491,9 @@ def test_the_worker_traces_with_the_global_provider(tmp_path: Path) -> None:
         found = written()
         runs = [s for s in found if s["name"] == "run tick"]
         return any(
-            {"claim tick", "finish tick", "save_result tick"}
-            <= {s["name"] for s in found if s["parent"] == run["span_id"]}
+            any(s["name"] == "finish tick" and s["attributes"].get("anarchon.with_record")
+                for s in found if s["parent"] == run["span_id"])
+            and "claim tick" in {s["name"] for s in found if s["parent"] == run["span_id"]}
             for run in runs
         )
 

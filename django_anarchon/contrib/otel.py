@@ -5,7 +5,9 @@
 * one span per attempt, ``run <job>`` (INTERNAL), current while the attempt runs, so the
   handler's own spans (sync or async) nest under it;
 * one CLIENT span per try of a store call, ``<operation> <job>``: heartbeat, finish,
-  release, save_result as children of the attempt's span;
+  release, save_result as children of the attempt's span (on a store with
+  ``runs.finish_many`` the finish writes the history record too, and says so with
+  ``anarchon.with_record``: there is no ``save_result`` span then);
 * the claim that won the attempt (``claim``, and ``record_claim`` or ``record_manual_run``)
   as the attempt span's first children. The attempt exists only once its claim won, so
   these spans are recorded when the answer comes and written with their own times, and
@@ -281,20 +283,23 @@ class OtelTracing(Tracing):
         slot: int | None = None,
         token: str | None = None,
         tokens: Sequence[str] | None = None,
+        with_record: bool = False,
     ) -> Awaitable[T]:
         if operation in CLAIM_CALLS and token is not None:
             return self._claim(operation, awaitable, job, slot, token)
         if token is not None:  # a won claim handed back: its spans will have no attempt
             self._flush(token)
-        return self._live(operation, awaitable, job, slot, tokens)
+        return self._live(operation, awaitable, job, slot, tokens, with_record)
 
     async def _live(
         self, operation: str, awaitable: Awaitable[T], job: str | None, slot: int | None,
-        tokens: Sequence[str] | None,
+        tokens: Sequence[str] | None, with_record: bool = False,
     ) -> T:
         attributes = self._attributes(operation, job, slot)
         if tokens is not None:
             attributes["anarchon.claims"] = len(tokens)
+        if with_record:
+            attributes["anarchon.with_record"] = True
         name = operation if job is None else f"{operation} {job}"
         start = time.time_ns()
         with self.tracer.start_as_current_span(

@@ -721,7 +721,9 @@ class Runner:
         async def finish() -> bool:
             # Repeat-safe: a retry after a lost reply finds the run finished by this very
             # token with this status, and the store answers True again.
-            finished = await self.host.tracing.store("finish", call(), job=job, slot=slot)
+            finished = await self.host.tracing.store(
+                "finish", call(), job=job, slot=slot, with_record=recording is not None
+            )
             attempt._settled = True
             return finished
 

@@ -58,8 +58,11 @@ class Tracing:
         slot: int | None = None,
         token: str | None = None,
         tokens: Sequence[str] | None = None,
+        with_record: bool = False,
     ) -> Awaitable[T]:
-        """One try of a store call. ``token``/``tokens``: the claims it makes (claim calls)."""
+        """One try of a store call. ``token``/``tokens``: the claims it makes (claim calls);
+        ``with_record``: a finish that writes the attempt's history record too (``finish_many``).
+        """
         return awaitable
 
 
