@@ -7,6 +7,7 @@ option and the bad value, at registration time.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -386,8 +387,9 @@ class Job:
     def kind(self) -> JobKind:
         return self.schedule.type
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
+        # Cached: asked several times per run, and inspect's answer costs microseconds.
         return inspect.iscoroutinefunction(self.handler) or inspect.iscoroutinefunction(
             type(self.handler).__call__
         )

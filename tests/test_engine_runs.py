@@ -319,6 +319,28 @@ async def test_a_sync_callable_returning_a_coroutine_is_awaited() -> None:
     assert record.status == "success" and seen == [record.slot]
 
 
+async def test_a_stop_while_a_sync_callables_coroutine_runs_records_it_as_started() -> None:
+    """The thread says when a sync call starts only for a timeout: a coroutine it returned
+    has still started, and its record must not say the handler never did."""
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    began = asyncio.Event()
+
+    async def work(ctx: JobContext) -> None:
+        began.set()
+        await asyncio.sleep(30)
+
+    s.every("wrapped-long", "1h", lambda ctx: work(ctx))
+    await s.start()
+    run = asyncio.create_task(s.arun_now("wrapped-long"))
+    try:
+        await asyncio.wait_for(began.wait(), 5)
+    finally:
+        await s.stop("50ms")
+    record = await run
+    assert record.status == "interrupted", record
+    assert record.error is not None and "before its handler started" not in record.error, record
+
+
 class _CountingEnds(MemoryRunStore):
     """The memory lease store, counting the ends each ``finish_many`` call carried."""
 

@@ -81,8 +81,13 @@ class _Gate:
     """
 
     def __init__(
-        self, signal: AbortSignal, loop: asyncio.AbstractEventLoop, started: asyncio.Future[float]
+        self,
+        signal: AbortSignal,
+        loop: asyncio.AbstractEventLoop,
+        started: asyncio.Future[float] | None,
     ) -> None:
+        """``started`` is set to the call's start (``time.monotonic()``) when one is given:
+        only a timeout needs it, and each notice costs the loop a wake-up from the thread."""
         self._lock = threading.Lock()
         self._signal = signal
         self._loop = loop
@@ -96,8 +101,9 @@ class _Gate:
             if not self._open or not _may_start(self._signal):
                 return False
             self._entered = True
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nothing waits
-            self._loop.call_soon_threadsafe(_set, self._started, time.monotonic())
+        if self._started is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing waits
+                self._loop.call_soon_threadsafe(_set, self._started, time.monotonic())
         return True
 
     def close(self) -> bool:

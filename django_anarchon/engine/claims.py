@@ -141,6 +141,14 @@ class Capacity:
             await self.freed(left)
 
 
+def _nothing_to_follow(job: Job, outcome: ClaimOutcome) -> bool:
+    """A scheduled claim's answer that ends its flow here (``_lease_claim`` would only
+    note it): another instance's run with no attempt left to take over, or one done."""
+    if outcome.kind == "running":
+        return (outcome.attempt or 1) >= job.options.max_attempts
+    return outcome.kind == "done"
+
+
 class ClaimFlows:
     """The claim flows of one scheduler (its host)."""
 
@@ -441,7 +449,11 @@ class ClaimFlows:
             if outcomes is not None and len(outcomes) != len(claims):
                 logger.error("%s: %s answers for %s claims", what, len(outcomes), len(claims))
                 outcomes = None
+            lost: list[tuple[Job, RunClaim, ClaimOutcome]] = []
             for i, (job, slot) in enumerate(live):
+                if outcomes is not None and _nothing_to_follow(job, outcomes[i]):
+                    lost.append((job, claims[i], outcomes[i]))
+                    continue
                 host.spawn(
                     self._lease_claim(
                         job,
@@ -451,6 +463,12 @@ class ClaimFlows:
                     ),
                     f"{job.name}@{iso(slot)}",
                 )
+            # The runs won above are on their way; the answers that leave nothing to do
+            # here are noted without a task each (most of a burst's answers, on the
+            # instances that did not win).
+            for job, claim, outcome in lost:
+                self._note_winner(job, claim, outcome)
+                await host.emit_event("claim", job, claim.slot, reason=outcome.kind)
             return
         inputs = [self.claim_input(job, slot) for job, slot in live]
         won: list[bool] | None

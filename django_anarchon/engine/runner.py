@@ -193,6 +193,32 @@ class Attempt:
             loop.call_soon_threadsafe(_set, future, reason)
 
 
+class _Heartbeat:
+    """An attempt's heartbeats: a timer until the first is due, then ``Runner._heartbeat``.
+
+    Most runs end within one heartbeat interval; a timer costs them far less than a task
+    that sleeps and is cancelled (a burst of 1,000 runs pays it 1,000 times on the loop).
+    """
+
+    def __init__(self, runner: Runner, attempt: Attempt, loop: asyncio.AbstractEventLoop) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        held_at = attempt.held_at if attempt.held_at is not None else time.monotonic()
+        due = loop.time() + max(held_at + runner.host.heartbeat_ms / 1000 - time.monotonic(), 0.0)
+
+        def begin() -> None:
+            self._timer = None
+            self._task = loop.create_task(runner._heartbeat(attempt))
+
+        self._timer = loop.call_at(due, begin)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+
 def _unlock(lock: asyncio.Lock, task: asyncio.Future[Any]) -> None:
     lock.release()
     if not task.cancelled():
@@ -285,10 +311,10 @@ class Runner:
         attempt._store_lock = asyncio.Lock()
         attempt.started_at = now_ms()
         await self._emit("start", attempt, self.record(attempt, "running"), reason=attempt.reason)
-        heartbeat: asyncio.Task[None] | None = None
+        heartbeat: _Heartbeat | None = None
         unconfirmed = await self._unconfirmed(attempt)
         if unconfirmed is None and attempt.lease and attempt.token is not None:
-            heartbeat = loop.create_task(self._heartbeat(attempt))
+            heartbeat = _Heartbeat(self, attempt, loop)
         try:
             try:
                 try:
@@ -520,7 +546,7 @@ class Runner:
         if is_async:
             future = loop.create_task(_in_task(fn, ctx, started), name=f"anarchon-run-{ctx.name}")
         else:
-            gate = _Gate(attempt.signal, loop, started)
+            gate = _Gate(attempt.signal, loop, None if timeout_s is None else started)
             thread_future = self.host.executor().submit(
                 self.host.tracing.thread(_in_thread), gate, fn, ctx
             )
@@ -530,7 +556,7 @@ class Runner:
             if deadline is None and timeout_s is not None and started.done():
                 deadline = started.result() + timeout_s
             waiting: set[asyncio.Future[Any]] = {future, interrupted}
-            if not started.done():
+            if timeout_s is not None and not started.done():
                 waiting.add(started)
             wait_s = None if deadline is None else max(deadline - time.monotonic(), 0)
             try:
@@ -553,7 +579,9 @@ class Runner:
                     and inspect.isawaitable(result.value)
                 ):
                     # A sync callable that returned an awaitable (``lambda ctx: work(ctx)``):
-                    # await it on the loop, under the same timeout.
+                    # await it on the loop, under the same timeout. It has started (the
+                    # thread tells that only for a timeout).
+                    _set(started, time.monotonic())
                     gate, thread_future = None, None
                     future = loop.create_task(
                         _await_in_task(result.value, ctx), name=f"anarchon-run-{ctx.name}"
