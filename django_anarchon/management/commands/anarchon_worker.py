@@ -23,6 +23,7 @@ from django.db import DatabaseError
 
 from django_anarchon.checks import scheduler_databases
 from django_anarchon.durations import format_duration, parse_duration
+from django_anarchon.engine.heap import settle
 from django_anarchon.exceptions import AnarchonError
 from django_anarchon.handler import build_scheduler
 from django_anarchon.jobs import check_instance_id
@@ -281,6 +282,7 @@ class Worker:
                     break
             else:
                 await self._banner()
+                settle()  # what start-up built lives as long as the worker (engine/heap.py)
             if failure is None:
                 tasks = [asyncio.create_task(self._pickup_requests())]
                 if self.health_file is not None:
