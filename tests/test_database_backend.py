@@ -130,6 +130,52 @@ def test_postgres_fast_path_round_trips(postgres_database: str) -> None:
     assert trips.transactions == 1 and trips.round_trips <= 8, trips.statements
 
 
+@pytest.mark.postgres
+def test_postgres_a_claim_of_a_run_that_is_done_is_one_statement(postgres_database: str) -> None:
+    """Migration 0009: the instances that lose a burst of instant runs ask after the winners
+    finished; the function answers them (v3 sent each to the lock path's transaction)."""
+    store = Store(postgres_database)
+    job, slot = _job("done"), _now_ms() - 1000
+    store.prepare_job(job)
+    assert store._use_functions() and store._v4()  # checked once, before counting
+    assert store.run_claim(_claim(job, slot, "a", max_attempts=2)) == ClaimOutcome.won(1)
+    assert store.finish(job, slot, "a", "success")
+    outcome, trips = count(postgres_database, lambda: store.run_claim(_claim(job, slot, "b")))
+    assert outcome == ClaimOutcome.done() and trips.round_trips == 1, trips.statements
+    many, trips = count(postgres_database, lambda: store.run_claim_many(
+        [_claim(job, slot, "c"), _claim(job, slot + 1, "d")]
+    ))
+    assert many == [ClaimOutcome.done(), ClaimOutcome.won(1)], many
+    assert trips.round_trips == 1, trips.statements
+    # What only the lock path decides still goes there: a failed run's retry.
+    assert store.finish(job, slot + 1, "d", "failed")
+    retry = _claim(job, slot + 1, "e", max_attempts=2)
+    outcome, trips = count(postgres_database, lambda: store.run_claim(retry))
+    assert outcome == ClaimOutcome.won(2) and trips.transactions == 1, trips.statements
+
+
+@pytest.mark.postgres
+def test_postgres_without_migration_0009_claims_through_v3_and_ends_through_the_orm(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A database not migrated to 0009 yet (a rolling deploy): the functions before it."""
+    from django_anarchon.backends.database import postgres
+
+    monkeypatch.setattr(postgres, "_SIGNATURES_0009", ("anarchon_not_there_v9(text)",))
+    store = Store(postgres_database)
+    job, slot = _job("no0009"), _now_ms() - 1000
+    store.prepare_job(job)
+    assert store.run_claim(_claim(job, slot, "a")) == ClaimOutcome.won(1)
+    assert "migration 0009's PostgreSQL functions are missing" in caplog.text
+    end = RunEnd(job, "a", "success", StoredResult(slot, "A", 1, "success", slot, slot, 0), 10)
+    answers, trips = count(postgres_database, lambda: store.finish_many([end]))
+    assert answers == [True] and trips.transactions == 1, trips.statements
+    assert not any("anarchon_finish_many" in sql for sql, _ in trips.statements)
+    outcome, trips = count(postgres_database, lambda: store.run_claim(_claim(job, slot, "b")))
+    assert outcome == ClaimOutcome.done()
+    assert any("anarchon_run_claim_v3" in sql for sql, _ in trips.statements), trips.statements
+
+
 def test_general_path_round_trips(alias: str) -> None:
     """The general path: bounded statements, one short transaction, whatever the history."""
     store = Store(alias, fast_path=False)
@@ -163,13 +209,99 @@ def test_finish_many_is_one_transaction_of_a_few_statements_per_end(alias: str) 
         RunEnd(job, f"t{i}", "success", StoredResult(slot, "A", 1, "success", now, now, 0), 10)
         for i, job in enumerate(jobs)
     ]
+    assert store.finish_many([]) == []  # and the store has looked up what it may call
     answers, trips = count(alias, lambda: store.finish_many(ends))
     assert answers == [True] * 20
-    # Per end: the finish and the record's upsert; per job: the prune (2 statements).
-    # (SQLite's BEGIN IMMEDIATE is a statement of its own.)
-    assert trips.transactions == 1, trips.statements
-    assert len(trips.statements) <= 4 * 20 + 1, trips.statements
+    if connections[alias].vendor == "postgresql":  # the function of migration 0009
+        assert trips.round_trips == 1, trips.statements
+    else:
+        # Per end: the finish and the record's upsert; per job: the prune (2 statements).
+        # (SQLite's BEGIN IMMEDIATE is a statement of its own.)
+        assert trips.transactions == 1, trips.statements
+        assert len(trips.statements) <= 4 * 20 + 1, trips.statements
     assert [r.status for job in jobs for r in store.history(job, 10)] == ["success"] * 20
+
+
+@pytest.mark.postgres
+def test_postgres_finish_many_function_leaves_what_the_orm_path_leaves(
+    postgres_database: str,
+) -> None:
+    """The same ends through PostgreSQL's function and through the ORM (``fast_path=False``):
+    the same answers, records, pruning by size and age, and forgotten runs."""
+    alias = postgres_database
+
+    def scenario(store: Store) -> tuple[Any, ...]:
+        job, other = _job("parity"), _job("parity-other")
+        now = store.now_ms()
+        hour = 3_600_000
+        slots = [now - 40_000 + i * 1000 for i in range(3)]
+        for i, slot in enumerate(slots):
+            claim = _claim(job, slot, f"t{i}", overlap="allow", max_attempts=2)
+            assert store.run_claim(claim) == ClaimOutcome.won(1)
+        assert store.run_claim(_claim(other, slots[0], "o")) == ClaimOutcome.won(1)
+        # Rows the prune must remove: an attempt that ended past the ttl (its start the
+        # newest, so that the size alone would keep it), a run past its keep.
+        RunAttempt.objects.using(alias).create(
+            job=job, slot=now - 3 * hour, scheduled_at=_dt(now - 3 * hour), instance_id="Z",
+            attempt=1, reason="scheduled", status="success", started_at=_dt(now + hour),
+            finished_at=_dt(now - 3 * hour), duration_ms=5,
+        )
+        Run.objects.using(alias).create(
+            job=job, slot=now - 2 * hour, token="old", instance_id="Z", lease_until_ms=0,
+            state="finished", status="success", reason="scheduled",
+            started_at_ms=now - 2 * hour, finished_at_ms=now - 2 * hour, keep_ms=10_000,
+        )
+
+        def result(slot: int, by: str, status: str = "success", **kw: Any) -> StoredResult:
+            return StoredResult(slot, by, 1, status, slot + 5, slot + 25, 20, **kw)
+
+        ends = [
+            RunEnd(job, "t0", "success", result(slots[0], "A"), 2, hour),
+            RunEnd(job, "t1", "failed", result(slots[1], "A", "failed", error="boom"), 2, hour),
+            RunEnd(job, "t2", "success", result(slots[2], "A", reason="catch-up"), 2, hour),
+            RunEnd(job, "stale", "success", result(slots[2], "X"), 2, hour),
+            RunEnd(other, "o", "interrupted", result(slots[0], "B", "interrupted"), 0),
+        ]
+        first = store.finish_many(ends)
+        again = store.finish_many(ends)  # repeat-safe: the first reply may have been lost
+        attempts = sorted(
+            RunAttempt.objects.using(alias).filter(job__in=[job, other]).values_list(
+                "slot", "instance_id", "attempt", "manual", "reason", "status",
+                "started_at", "finished_at", "duration_ms", "error",
+            )
+        )
+        runs = sorted(
+            Run.objects.using(alias).filter(job__in=[job, other]).values_list(
+                "slot", "state", "status", "token"
+            )
+        )
+        base = slots[0]  # compare by offsets: each store has its own jobs and instants
+        return (
+            first, again,
+            [(slot - base, *rest[:5], *[None if t is None else t - _dt(base) for t in rest[5:7]],
+              *rest[7:]) for slot, *rest in attempts],
+            [(slot - base, *rest) for slot, *rest in runs],
+        )
+
+    through_function = scenario(Store(alias))
+    through_orm = scenario(Store(alias, fast_path=False))
+    assert through_function == through_orm
+    answers, _, attempts, runs = through_function
+    assert answers == [True, True, True, False, True]
+    # The first call: history_size=2 kept the two newest starts, then the ttl pruned the
+    # one that ended long ago; the repeat wrote its three records again, and the size kept
+    # two. history_size=0 kept none of the other job.
+    assert [(a[0], a[5]) for a in attempts] == [(1000, "failed"), (2000, "success")]
+    # The run past its keep is forgotten; the stale token finished nothing.
+    assert [r[:4] for r in runs] == [(0, "finished", "interrupted", "o"), (0, "finished", "success", "t0"),
+                                     (1000, "finished", "failed", "t1"),
+                                     (2000, "finished", "success", "t2")]
+
+
+def _dt(ms: int) -> Any:
+    from django_anarchon.backends.base import ms_to_datetime
+
+    return ms_to_datetime(ms)
 
 
 # -- the server's clock ----------------------------------------------------------------

@@ -8,6 +8,11 @@ in autocommit mode: no BEGIN, no COMMIT, one round trip. The ``*_v1`` and ``*_v2
 functions stay installed for the previous releases during a rolling deploy; this release
 calls v2 only through v3.
 
+Migration 0009 adds ``anarchon_finish_many_v1``, which ends a batch of attempts in one
+round trip (each finish, its history record and each job's prune, as ``Store.finish_many``
+does them through the ORM, four statements per run there), and ``anarchon_run_claim_v4``:
+v3, with a run that is done answered ``done`` instead of ``'other'`` (the lock path).
+
 v3 is v2 (unchanged) behind the ledger's rules: a job whose pause is in force (by the
 server's clock) never reaches v2 and comes back ``'paused'``, for the lock path to answer
 and mark. A ``late`` or ``overlap`` answer that owes a mark (v3 also says whether the
@@ -23,9 +28,15 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..base import ClaimInput, ClaimOutcome, RunClaim
+from ..base import DEFAULT_KEEP_MS, MIN_KEEP_MS, ClaimInput, ClaimOutcome, RunClaim, RunEnd
 
-__all__ = ["claim", "functions_installed", "run_claim", "run_claim_many"]
+__all__ = [
+    "claim",
+    "finish_many",
+    "functions_installed",
+    "run_claim",
+    "run_claim_many",
+]
 
 CLAIM_SQL = "SELECT anarchon_claim_v1(%s, %s, %s, %s)"
 RUN_CLAIM_SQL = (
@@ -38,6 +49,32 @@ RUN_CLAIM_MANY_SQL = (
     "anarchon_run_claim_many_v3(%s::text[], %s::bigint[], %s::text[], %s::text[], "
     "%s::bigint[], %s::text[], %s::boolean[], %s::bigint[], %s::bigint[], %s::integer[])"
 )
+#: Migration 0009's claim functions: as v3, with a finished run's 'done' answered too.
+RUN_CLAIM_V4_SQL = (
+    "SELECT o_kind, o_attempt, o_slot, o_now_ms, o_marked FROM anarchon_run_claim_v4("
+    "%s::text, %s::bigint, %s::text, %s::text, %s::bigint, %s::text, %s::boolean, "
+    "%s::bigint, %s::bigint, %s::integer, %s::bigint, %s::bigint)"
+)
+RUN_CLAIM_MANY_V4_SQL = (
+    "SELECT o_index, o_kind, o_attempt, o_slot, o_now_ms, o_marked FROM "
+    "anarchon_run_claim_many_v4(%s::text[], %s::bigint[], %s::text[], %s::text[], "
+    "%s::bigint[], %s::text[], %s::boolean[], %s::bigint[], %s::bigint[], %s::integer[], "
+    "%s::bigint, %s::bigint)"
+)
+FINISH_MANY_SQL = (
+    "SELECT o_index, o_finished FROM anarchon_finish_many_v1(%s::text[], %s::bigint[], "
+    "%s::text[], %s::text[], %s::text[], %s::integer[], %s::boolean[], %s::text[], "
+    "%s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::integer[], %s::bigint[], "
+    "%s::bigint, %s::bigint)"
+)
+_SIGNATURES_0009 = (
+    "anarchon_finish_many_v1(text[], bigint[], text[], text[], text[], integer[], boolean[],"
+    " text[], bigint[], bigint[], bigint[], text[], integer[], bigint[], bigint, bigint)",
+    "anarchon_run_claim_v4(text, bigint, text, text, bigint, text, boolean, bigint, bigint,"
+    " integer, bigint, bigint)",
+    "anarchon_run_claim_many_v4(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
+    " bigint[], bigint[], integer[], bigint, bigint)",
+)
 #: What this release calls; a database not migrated to 0008 lacks the v3 functions, and
 #: every claim then takes the general path (which honours pauses too).
 _SIGNATURES = (
@@ -49,14 +86,18 @@ _SIGNATURES = (
 )
 
 
-def functions_installed(connection: BaseDatabaseWrapper) -> bool:
+def functions_installed(connection: BaseDatabaseWrapper) -> tuple[bool, bool]:
+    """Whether this release's functions are there: those up to migration 0008 (else every
+    claim takes the general path), and 0009's (else claims go through v3, ends through
+    the ORM). One statement."""
+    signatures = [*_SIGNATURES, *_SIGNATURES_0009]
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT " + ", ".join("to_regprocedure(%s) IS NOT NULL" for _ in _SIGNATURES),
-            list(_SIGNATURES),
+            "SELECT " + ", ".join("to_regprocedure(%s) IS NOT NULL" for _ in signatures),
+            signatures,
         )
         row = cursor.fetchone()
-    return all(row)
+    return all(row[: len(_SIGNATURES)]), all(row[len(_SIGNATURES) :])
 
 
 def _call(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> tuple[Any, ...]:
@@ -107,6 +148,8 @@ def _outcome(
         return ClaimOutcome.won(int(attempt))
     if kind == "running":
         return ClaimOutcome.running(int(attempt))
+    if kind == "done":  # v4 only
+        return ClaimOutcome.done()
     if kind == "late" and (marked or c.reason == "catch-up"):
         return ClaimOutcome.late(int(now) - c.slot)
     if kind == "early":
@@ -117,7 +160,7 @@ def _outcome(
 
 
 def run_claim_many(
-    connection: BaseDatabaseWrapper, claims: list[RunClaim]
+    connection: BaseDatabaseWrapper, claims: list[RunClaim], v4: bool = False
 ) -> list[ClaimOutcome | None]:
     """Every claim of the batch in one round trip; ``None`` where the lock path decides.
 
@@ -126,22 +169,22 @@ def run_claim_many(
     """
     order = sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot))
     batch = [claims[i] for i in order]
-    rows = _rows(
-        connection,
-        RUN_CLAIM_MANY_SQL,
-        [
-            [c.job for c in batch],
-            [c.slot for c in batch],
-            [c.token for c in batch],
-            [c.instance_id for c in batch],
-            [c.lease_ms for c in batch],
-            [c.reason for c in batch],
-            [c.overlap == "skip" for c in batch],
-            [c.max_late_ms for c in batch],
-            [c.keep_ms for c in batch],
-            [c.max_attempts for c in batch],
-        ],
-    )
+    params: list[Any] = [
+        [c.job for c in batch],
+        [c.slot for c in batch],
+        [c.token for c in batch],
+        [c.instance_id for c in batch],
+        [c.lease_ms for c in batch],
+        [c.reason for c in batch],
+        [c.overlap == "skip" for c in batch],
+        [c.max_late_ms for c in batch],
+        [c.keep_ms for c in batch],
+        [c.max_attempts for c in batch],
+    ]
+    if v4:
+        rows = _rows(connection, RUN_CLAIM_MANY_V4_SQL, [*params, DEFAULT_KEEP_MS, MIN_KEEP_MS])
+    else:
+        rows = _rows(connection, RUN_CLAIM_MANY_SQL, params)
     outcomes: list[ClaimOutcome | None] = [None] * len(claims)
     for index, kind, attempt, slot, now, marked in rows:
         original = order[int(index) - 1]
@@ -149,22 +192,62 @@ def run_claim_many(
     return outcomes
 
 
-def run_claim(connection: BaseDatabaseWrapper, c: RunClaim) -> ClaimOutcome | None:
+def run_claim(
+    connection: BaseDatabaseWrapper, c: RunClaim, v4: bool = False
+) -> ClaimOutcome | None:
     """The outcome, or ``None`` when the claim must take the general lock path."""
-    kind, attempt, slot, now, marked = _call(
+    params: list[Any] = [
+        c.job,
+        c.slot,
+        c.token,
+        c.instance_id,
+        c.lease_ms,
+        c.reason,
+        c.overlap == "skip",
+        c.max_late_ms,
+        c.keep_ms,
+        c.max_attempts,
+    ]
+    if v4:
+        row = _call(connection, RUN_CLAIM_V4_SQL, [*params, DEFAULT_KEEP_MS, MIN_KEEP_MS])
+    else:
+        row = _call(connection, RUN_CLAIM_SQL, params)
+    kind, attempt, slot, now, marked = row
+    return _outcome(c, kind, attempt, slot, now, bool(marked))
+
+
+def finish_many(connection: BaseDatabaseWrapper, ends: list[RunEnd]) -> list[bool]:
+    """Every end of the batch in one round trip: whether each finish acted.
+
+    Sent in (job, slot) order, as claims are, so that batches of two instances never wait
+    on each other in a circle; each job is pruned once, after its last record.
+    """
+    order = sorted(range(len(ends)), key=lambda i: (ends[i].job, ends[i].slot))
+    batch = [ends[i] for i in order]
+    results = [e.result for e in batch]
+    rows = _rows(
         connection,
-        RUN_CLAIM_SQL,
+        FINISH_MANY_SQL,
         [
-            c.job,
-            c.slot,
-            c.token,
-            c.instance_id,
-            c.lease_ms,
-            c.reason,
-            c.overlap == "skip",
-            c.max_late_ms,
-            c.keep_ms,
-            c.max_attempts,
+            [e.job for e in batch],
+            [e.slot for e in batch],
+            [e.token for e in batch],
+            [e.status for e in batch],
+            [r.by for r in results],
+            [r.attempt for r in results],
+            [r.manual for r in results],
+            ["manual" if r.manual else r.reason for r in results],
+            [r.started_at for r in results],
+            [r.finished_at for r in results],
+            [r.duration_ms for r in results],
+            [r.error for r in results],
+            [e.history_size for e in batch],
+            [e.history_ttl_ms for e in batch],
+            DEFAULT_KEEP_MS,
+            MIN_KEEP_MS,
         ],
     )
-    return _outcome(c, kind, attempt, slot, now, bool(marked))
+    finished = [False] * len(ends)
+    for index, acted in rows:
+        finished[order[int(index) - 1]] = bool(acted)
+    return finished

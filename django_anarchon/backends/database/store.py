@@ -159,6 +159,7 @@ class Store:
         now_ms_sql(self.vendor)  # refuses an unsupported database early
         self.fast_path = fast_path and self.vendor == "postgresql"
         self._functions_checked = False
+        self._latest = False
         self._write_lock: threading.RLock | None = None
         if self.vendor == "sqlite":
             self._write_lock = _sqlite_lock(str(connections[using].settings_dict["NAME"]))
@@ -225,14 +226,27 @@ class Store:
     def _use_functions(self) -> bool:
         if self.fast_path and not self._functions_checked:
             self._functions_checked = True
-            if not self._retrying(lambda: postgres.functions_installed(connections[self.using])):
+            installed, latest = self._retrying(
+                lambda: postgres.functions_installed(connections[self.using])
+            )
+            if not installed:
                 logger.warning(
                     "database backend: the PostgreSQL claim functions are missing on %r "
                     "(migrations not applied?); every claim takes the general lock path",
                     self.using,
                 )
                 self.fast_path = False
+            elif not latest:
+                logger.warning(
+                    "database backend: migration 0009's PostgreSQL functions are missing on "
+                    "%r; claims use the v3 functions and runs end through the ORM", self.using,
+                )
+            self._latest = installed and latest
         return self.fast_path
+
+    def _v4(self) -> bool:
+        """On PostgreSQL's fast path: migration 0009's functions (claims v4, finish_many)."""
+        return self._use_functions() and self._latest
 
     def _lock_job(self, job: str) -> int:
         """Lock the job's row until the transaction ends; return the server's ``now``.
@@ -551,7 +565,8 @@ class Store:
             # backfill, whose history must be read in the same transaction.
             return self._retrying(lambda: self._run_claim_locked(c), also_conflicts=True)
         if c.mode == "new" and self._use_functions():
-            outcome = self._retrying(lambda: postgres.run_claim(connections[self.using], c))
+            v4 = self._v4()
+            outcome = self._retrying(lambda: postgres.run_claim(connections[self.using], c, v4))
             if outcome is not None:
                 return outcome
             return self._retrying(lambda: self._run_claim_locked(c), also_conflicts=True)
@@ -565,8 +580,9 @@ class Store:
         ]
         if len(fresh) < 2 or not self._use_functions():
             return [self.run_claim(c) for c in claims]
+        v4 = self._v4()
         decided = self._retrying(
-            lambda: postgres.run_claim_many(connections[self.using], fresh)
+            lambda: postgres.run_claim_many(connections[self.using], fresh, v4)
         )
         answers = dict(zip(map(id, fresh), decided, strict=True))
         outcomes: list[ClaimOutcome] = []
@@ -1053,6 +1069,10 @@ class Store:
         Runs are ended in (job, slot) order, so that two instances' batches never wait on
         each other in a circle; each job's history is pruned once, after its records.
         """
+        if self._v4():
+            return self._retrying(
+                lambda: postgres.finish_many(connections[self.using], ends)
+            )
         order = sorted(range(len(ends)), key=lambda i: (ends[i].job, ends[i].slot))
 
         def end_all() -> list[bool]:
