@@ -129,14 +129,57 @@ async def _work(args: argparse.Namespace) -> dict[str, Any]:
 
         backend.runs.claim_many = traced
     scheduler = Scheduler(backend, instance_id=args.instance, spool=None)
+    # What else the workers saw: every skip and error, to explain a miss.
+    events: list[tuple[str, str | None, int | None, str | None, int]] = []
+
+    def note(event: Any) -> None:
+        events.append((event.name, event.job, event.slot, event.reason,
+                       time.time_ns() // 1_000_000))
+
+    for name in ("skip", "error"):
+        scheduler.on(name, note)
     for i in range(args.jobs):
         scheduler.every(f"{args.prefix}-{i:05d}", f"{args.every_ms}ms", handler,
                         max_late="60s")
     await scheduler.start()
+    if not args.no_settle:
+        from django_anarchon.engine.heap import settle
+
+        settle()  # as anarchon_worker does once its schedulers have started
     ready = time.time_ns() // 1_000_000
+    pauses = _GcPauses()
+    cpu = time.process_time()
     await asyncio.sleep(max(0.0, (args.until - ready) / 1000))
+    cpu = time.process_time() - cpu
+    pauses.close()
     await scheduler.stop(grace="5s")
-    return {"instance": args.instance, "ready": ready, "starts": starts, "claims": claims}
+    return {"instance": args.instance, "ready": ready, "starts": starts, "claims": claims,
+            "cpu_s": cpu, "gc_ms": pauses.total_ms, "gc_max_ms": pauses.max_ms,
+            "events": events}
+
+
+class _GcPauses:
+    """The garbage collector's pauses in this process while the workload runs."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.total_ms = self.max_ms = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self._began) * 1000
+        self.total_ms += ms
+        self.max_ms = max(self.max_ms, ms)
+
+    def close(self) -> None:
+        import gc
+
+        gc.callbacks.remove(self._note)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -169,6 +212,9 @@ class Report:
     first: int | None
     bursts: list[int]
     claimed: list[int]
+    cpu_s: float = 0.0
+    gc_ms: float = 0.0
+    gc_max_ms: float = 0.0
     note: str = ""
 
 
@@ -241,6 +287,8 @@ def _run(args: argparse.Namespace, store: str, workload: str, jobs: int, every_m
                    "--out", str(out_dir / f"{i}.json"), "--handler", args.handler]
             if args.trace and not peer:
                 cmd.append("--trace")
+            if args.no_settle:
+                cmd.append("--no-settle")
             if args.profile and not peer:
                 Path(args.profile).mkdir(parents=True, exist_ok=True)
                 cmd += ["--profile", str(Path(args.profile) / f"{store}-{workload}-{i}.prof")]
@@ -283,7 +331,23 @@ def _report(store: str, workload: str, results: list[dict[str, Any]], names: lis
     # Slots due while every worker was up, leaving the last 2 s for the stop.
     first_slot = (ready // every_ms + 1) * every_ms
     due = range(first_slot, until - 2_000, every_ms)
-    misses = sum(1 for job in names for slot in due if (job, slot) not in seen)
+    missed = [(job, slot) for job in names for slot in due if (job, slot) not in seen]
+    misses = len(missed)
+    if missed:  # say which slots, and what the workers saw of them
+        by_slot: dict[int, int] = {}
+        for _, slot in missed:
+            by_slot[slot] = by_slot.get(slot, 0) + 1
+        lost = set(missed)
+        seen_events: dict[str, int] = {}
+        for r in results:
+            for name, job, slot, reason, _ in r.get("events", ()):
+                if (job, slot) in lost:
+                    key = f"{r['instance']} {name} {reason}"
+                    seen_events[key] = seen_events.get(key, 0) + 1
+        print(f"{store} {workload}: missed per slot (relative to until={until}): "
+              f"{ {slot - until: n for slot, n in sorted(by_slot.items())} }; "
+              f"events of missed slots: {seen_events}; worker ready at "
+              f"{[r['ready'] - until for r in results]}", file=sys.stderr)
     measured = [(slot, start - slot) for (_, slot), start in seen.items() if slot in due]
     steady_from = first_slot + WARM_UP_MS
     lateness = sorted(late for slot, late in measured if slot >= steady_from or workload == "burst")
@@ -299,7 +363,9 @@ def _report(store: str, workload: str, results: list[dict[str, Any]], names: lis
             if won:
                 claimed.append(max(won))
     return Report(store, workload, len(seen), duplicates, misses, lateness, first, bursts,
-                  claimed)
+                  claimed, cpu_s=sum(r.get("cpu_s", 0.0) for r in results),
+                  gc_ms=sum(r.get("gc_ms", 0.0) for r in results),
+                  gc_max_ms=max(r.get("gc_max_ms", 0.0) for r in results))
 
 
 def _pct(values: list[int], q: float) -> str:
@@ -334,6 +400,13 @@ def _print(reports: list[Report], args: argparse.Namespace, skipped: list[str]) 
         print(f"| {r.store} | {r.workload} | {r.runs:,} | {r.duplicates} | {r.misses} | {median} "
               f"| {_pct(r.lateness, 0.99)} | {_pct(r.lateness, 1.0)} | {first} | {bursts} |"
               f"{traced}")
+    print("\nWhat the workers spent while measured (all workers together): CPU, and the "
+          "garbage collector's pauses (their sum, and the longest).\n")
+    print("| store | workload | CPU | GC pauses | longest GC pause |\n|---|---|---:|---:|---:|")
+    for r in reports:
+        if r.store not in peers.PEERS:
+            print(f"| {r.store} | {r.workload} | {r.cpu_s:.1f} s | {r.gc_ms:,.0f} ms "
+                  f"| {r.gc_max_ms:.0f} ms |")
     notes = [r.note for r in reports if r.note]
     if notes:
         print("\n" + "\n".join(f"- {n}" for n in notes))
@@ -355,6 +428,8 @@ def main() -> None:
     parser.add_argument("--handler", choices=("sync", "sync-db", "async"), default="sync",
                         help="sync-db: a sync handler that then runs one query on its database")
     parser.add_argument("--profile", help="directory for one cProfile file per worker")
+    parser.add_argument("--no-settle", action="store_true",
+                        help="workers leave their start-up heap to the garbage collector")
     parser.add_argument("--trace", action="store_true",
                         help="report when each burst's last winning claim was answered")
     args = parser.parse_args()
