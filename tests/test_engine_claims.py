@@ -511,3 +511,42 @@ async def test_an_instance_still_in_a_jobs_user_code_claims_its_next_slot_later(
     busy = [s for s in sends.of("A") if s["slot"] - 100 in started[:-1]]
     assert len(busy) >= 4, sends.sent
     assert all(s["at"] - s["slot"] >= FOLLOW_DELAY_MS - 2 for s in busy), busy
+
+
+async def test_the_next_claim_waits_for_the_end_of_the_jobs_last_run_here() -> None:
+    """Issue 10: in a PostgreSQL burst the store answered finishes seconds after the
+    handlers returned, the next slot's claims met those runs still ``running``, and 133
+    slots were skipped as overlap for runs that were over. The instance whose run is
+    ending claims once its end is answered (the memory store's first end is slowed past the
+    job's period)."""
+    backend = MemoryBackend(clock=real_ms)
+    sends = Recording(backend)
+    real_finish_many = backend.runs.finish_many
+    slow = {"ends": 1}
+    answered: list[tuple[int, int]] = []
+
+    async def finish_many(ends: list[Any]) -> list[bool]:
+        if slow["ends"] > 0:
+            slow["ends"] -= 1
+            await asyncio.sleep(0.25)  # longer than the job's period
+        result = await real_finish_many(ends)
+        answered.extend((end.slot, real_ms()) for end in ends)
+        return result
+
+    backend.runs.finish_many = finish_many  # type: ignore[method-assign]
+    calls, scheduler = Calls(), Scheduler(backend, instance_id="A")
+    events = Events(scheduler, names=("skip",))
+    scheduler.every("tick", "200ms", lambda ctx: calls.add(slot=ctx.slot), max_late="2s")
+    await scheduler.start()
+    try:
+        await wait_for(lambda: len(calls) >= 6, 10, "six runs")
+    finally:
+        await stop_all(scheduler)
+    assert events.named("skip") == [], events.items
+    slots = sorted(c["slot"] for c in calls.items)
+    assert slots == list(range(slots[0], slots[0] + 200 * len(slots), 200)), slots
+    # Each claim left only once the end of the slot before had been answered.
+    ended = dict(answered)
+    for sent in sends.of("A"):
+        if sent["slot"] - 200 in ended:
+            assert sent["at"] >= ended[sent["slot"] - 200], (sent, ended)

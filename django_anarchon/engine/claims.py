@@ -68,6 +68,10 @@ CATCH_UP_OVERLAP_POLL_S = 1.0
 FOLLOW_DELAY_MS = 20
 #: ...but never longer than this share of the job's ``max_late``.
 FOLLOW_MAX_SHARE = 0.25
+#: A job whose last run here has ended but whose end the store has not answered yet is
+#: claimed once it has (its run would otherwise still be ``running`` there), waiting at
+#: most this share of the job's ``max_late``.
+ENDING_MAX_SHARE = 0.5
 
 
 def new_token() -> str:
@@ -149,6 +153,20 @@ def _nothing_to_follow(job: Job, outcome: ClaimOutcome) -> bool:
     return outcome.kind == "done"
 
 
+class _Held:
+    """A job's due slots held back here, in slot order, until ``not_before`` (the follow
+    delay) and, while a run of the job here is ending, until ``until`` at the latest."""
+
+    __slots__ = ("job", "not_before", "slots", "timer", "until")
+
+    def __init__(self, job: Job, slot: int, not_before: float, until: float) -> None:
+        self.job = job
+        self.slots = [slot]
+        self.not_before = not_before
+        self.until = until
+        self.timer: asyncio.TimerHandle | None = None
+
+
 class ClaimFlows:
     """The claim flows of one scheduler (its host)."""
 
@@ -174,8 +192,11 @@ class ClaimFlows:
         self._followed: set[str] = set()
         #: job -> how many of its runs here are still in user code: claimed a little later.
         self._busy: Counter[str] = Counter()
-        #: job -> its due slots held back until the follow delay ends, in slot order.
-        self._held: dict[str, list[int]] = {}
+        #: job -> how many of its runs here have left user code but not had their end
+        #: answered by the store (lease stores): its next claim waits for them.
+        self._ending: Counter[str] = Counter()
+        #: job -> its due slots held back (the follow delay, a run ending here).
+        self._held: dict[str, _Held] = {}
 
     def reset(self) -> None:
         self.capacity = Capacity(self.host.threads)
@@ -187,22 +208,37 @@ class ClaimFlows:
         self._ends.clear()
         self._followed.clear()
         self._busy.clear()
+        self._ending.clear()
+        for held in self._held.values():
+            if held.timer is not None:
+                held.timer.cancel()
         self._held.clear()
 
     def user_code_started(self, job: str) -> None:
         self._busy[job] += 1
 
-    def user_code_done(self, job: str) -> None:
+    def user_code_done(self, job: str, ending: bool = False) -> None:
+        """User code of a run of ``job`` returned; ``ending``: its end (a lease store's
+        finish or release) is still to be answered, and ``run_ended`` will say so."""
         self._busy[job] -= 1
         if self._busy[job] <= 0:
             del self._busy[job]
+        if ending:
+            self._ending[job] += 1
 
     def run_ended(self, job: str) -> None:
-        """A run of ``job`` ended on this instance: wake the claims buffered behind it."""
+        """A run of ``job`` ended on this instance: wake the claims buffered behind it,
+        and those held until its end was answered."""
         self._ends[job] = self._ends.get(job, 0) + 1
         event = self._ended.pop(job, None)
         if event is not None:
             event.set()
+        if job in self._ending:
+            self._ending[job] -= 1
+            if self._ending[job] <= 0:
+                del self._ending[job]
+                if job in self._held:
+                    self._check_held(job)
 
     async def _wait_turn(self, job: Job, wait_ms: int, ends: int) -> bool:
         """Wait for a buffered slot's turn: a run of the job ending here, or ``wait_ms``.
@@ -265,19 +301,25 @@ class ClaimFlows:
         still runs here, is claimed ``FOLLOW_DELAY_MS`` later here: the last winner's claim
         then meets no contender (no wait on rows another claim holds, no share of the
         cores), unless it is busy with the job itself, and this instance's claim still
-        backs it up if that winner has gone. Only when the store is asked changes; what
-        it answers does not.
+        backs it up if that winner has gone. A job whose run here has left user code but
+        whose end the store has not answered yet is claimed once it has (at most
+        ``ENDING_MAX_SHARE`` of ``max_late`` later): else the store still sees that run
+        ``running``, and skips (or buffers, or cancels) the next slot for a run that is
+        over. Only when the store is asked changes; what it answers does not.
         """
         held = self._held.get(job.name)
         if held is not None:
-            held.append(slot)  # behind the job's slots held already, never ahead
+            held.slots.append(slot)  # behind the job's slots held already, never ahead
             return
-        delay_ms = self._follow_ms(job)
-        if delay_ms > 0:
-            self._held[job.name] = [slot]
-            asyncio.get_running_loop().call_later(delay_ms / 1000, self._release, job)
+        follow_ms, ending_ms = self._follow_ms(job), self._ending_ms(job)
+        if follow_ms <= 0 and ending_ms <= 0:
+            self._due_now(job, slot)
             return
-        self._due_now(job, slot)
+        now = asyncio.get_running_loop().time()
+        self._held[job.name] = _Held(
+            job, slot, now + follow_ms / 1000, now + max(follow_ms, ending_ms) / 1000
+        )
+        self._check_held(job.name)
 
     def _follow_ms(self, job: Job) -> float:
         if self.host.backend.runs is None or (
@@ -286,9 +328,30 @@ class ClaimFlows:
             return 0
         return min(FOLLOW_DELAY_MS, job.options.max_late_ms * FOLLOW_MAX_SHARE)
 
-    def _release(self, job: Job) -> None:
-        for slot in self._held.pop(job.name, []):
-            self._due_now(job, slot)
+    def _ending_ms(self, job: Job) -> float:
+        if job.name not in self._ending or job.options.overlap == "allow":
+            return 0  # with "allow" a run still ending changes no answer
+        return job.options.max_late_ms * ENDING_MAX_SHARE
+
+    def _check_held(self, name: str) -> None:
+        """Release a job's held slots once their wait is over, else wait on."""
+        held = self._held.get(name)
+        if held is None:
+            return
+        if held.timer is not None:
+            held.timer.cancel()
+            held.timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now < held.not_before:
+            held.timer = loop.call_at(held.not_before, self._check_held, name)
+            return
+        if name in self._ending and now < held.until:
+            held.timer = loop.call_at(held.until, self._check_held, name)
+            return
+        del self._held[name]
+        for slot in held.slots:
+            self._due_now(held.job, slot)
 
     def _note_winner(self, job: Job, claim: RunClaim, outcome: ClaimOutcome) -> None:
         """Remember whether this instance or another won a scheduled slot of ``job``."""

@@ -952,7 +952,7 @@ class Scheduler(OperatorMixin):
         def given_back() -> None:
             if units:
                 capacity.give(units.pop())
-                claims.user_code_done(name)
+                claims.user_code_done(name, ending=attempt.lease)
 
         claims.user_code_started(name)
         capacity.take(units[0])
