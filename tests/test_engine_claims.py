@@ -550,3 +550,37 @@ async def test_the_next_claim_waits_for_the_end_of_the_jobs_last_run_here() -> N
     for sent in sends.of("A"):
         if sent["slot"] - 200 in ended:
             assert sent["at"] >= ended[sent["slot"] - 200], (sent, ended)
+
+
+async def test_a_full_pool_sends_the_slots_it_follows_with_the_next_batch() -> None:
+    """Issue 10: at +20 ms a burst's losers held back the jobs another instance won last,
+    and sent them one claim per freed thread, hundreds of round trips between the runs.
+    They go together with the first batch that leaves."""
+    backend = MemoryBackend(clock=real_ms)
+    batches: list[int] = []
+    real_many = backend.runs.claim_many
+
+    async def claim_many(claims: list[RunClaim]) -> list[ClaimOutcome]:
+        batches.append(len(claims))
+        return await real_many(claims)
+
+    backend.runs.claim_many = claim_many  # type: ignore[method-assign]
+    s = Scheduler(backend, instance_id="F", threads=2)
+    names = [f"followed{i}" for i in range(50)]
+    for name in names:
+        s.every(name, "1h", lambda ctx: None)
+    await s.start()
+    try:
+        flows = s._claims
+        flows._followed.update(names)  # another instance won each job's last slot
+        flows.capacity.take(40)  # and this instance's pool is full, runs queued for it
+        slot = real_ms() - 10
+        for name in names:
+            flows.due(s.get_job(name), slot)
+        await asyncio.sleep(0.2)  # past the follow delay: held back for a thread
+        assert batches == []
+        flows.capacity.give(39)  # a thread is free: one claim goes, and the backups with it
+        await wait_for(lambda: sum(batches) == 50, 2, "every slot claimed")
+        assert batches == [50], batches
+    finally:
+        await stop_all(s)

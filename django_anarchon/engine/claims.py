@@ -430,7 +430,13 @@ class ClaimFlows:
     async def _drain_overflow(self) -> None:
         """Claim the slots that fell due while the pool was full: as many as there are
         free threads whenever one frees up, and each one whose wait is over, in batches
-        (one round trip each), not one claim and one waiter per slot."""
+        (one round trip each), not one claim and one waiter per slot.
+
+        A batch that goes takes along every waiting slot of a job another instance won
+        last (``_followed``): this instance's claim of it only backs that winner up, and
+        almost always loses. Sent one per freed thread instead, the slots that a burst's
+        losers held back went out as hundreds of single claims, between the winners' runs.
+        """
         host, capacity = self.host, self.capacity
         try:
             while self._overflow and not host.stopping:
@@ -444,6 +450,10 @@ class ClaimFlows:
                         chosen.append((job, slot))
                     else:
                         waiting.append((job, slot, until))
+                if chosen and waiting:
+                    followed = self._followed
+                    chosen += [(job, slot) for job, slot, _ in waiting if job.name in followed]
+                    waiting = [entry for entry in waiting if entry[0].name not in followed]
                 self._overflow = waiting
                 if chosen:
                     self._claim_together(chosen, admitted=True)

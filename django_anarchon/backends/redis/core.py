@@ -607,8 +607,10 @@ class RedisRunStore(LedgerCalls):
             c.slot, c.token, c.instance_id, c.mode, c.reason, c.lease_ms, c.overlap,
             c.max_attempts, _opt(c.max_late_ms), _opt(c.keep_ms), c.history_size,
             _opt(c.history_ttl_ms), f"{base}:r:", DEFAULT_KEEP_MS, MIN_KEEP_MS,
-            c.buffer_limit, cancel_reason(c.slot, c.instance_id), buffer_hold_ms(c.lease_ms),
-            BUFFER_WAIT_CAP_MS,
+            c.buffer_limit,
+            # Read only by a cancel_other claim (the fenced run's error): not built otherwise.
+            cancel_reason(c.slot, c.instance_id) if c.overlap == "cancel_other" else "",
+            buffer_hold_ms(c.lease_ms), BUFFER_WAIT_CAP_MS,
         ]
         return scripts.RUN_CLAIM, keys, args
 
