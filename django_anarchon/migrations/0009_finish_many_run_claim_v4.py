@@ -99,14 +99,17 @@ $$;
 """
 
 
-# anarchon_run_claim_v4 / anarchon_run_claim_many_v4: what v3 answers, except that an
-# 'other' for a run that is done is answered here too: a run won through claim(), or a
-# finished run that the store still remembers (the server's now is not past its
-# forget_after_ms) and that this claim may not retry (it succeeded, or its attempt reached
-# the claim's max_attempts). keep_ms and max_attempts still only grow. Those claims went
-# to the general lock path (a transaction, the job's lock row): the instances that lose a
-# burst of instant runs ask after the winners have finished, and took that path for each.
-# The rest of 'other' (a lapsed lease, a retry, a run that may be forgotten) still does.
+# anarchon_run_claim_v4 / anarchon_run_claim_many_v4: what v3 answers, with the claims
+# that meet a run already there answered first, from that run's row alone:
+#   * another claimer's live lease: 'running' (keep_ms and max_attempts still only grow);
+#   * a run won through claim(), or a finished run that the store still remembers (the
+#     server's now is not past its forget_after_ms) and that this claim may not retry (it
+#     succeeded, or its attempt reached the claim's max_attempts): 'done'.
+# Everything else (no run yet, the same token, a lapsed lease, a retry, a run that may be
+# forgotten) goes to v3 as before. A burst's losers are most of its claims: v3 answered
+# them through v2's insert attempt, each a level deeper, and sent 'done' to the general
+# lock path (a transaction on the job's lock row), since the losers ask after the winners
+# of instant runs have finished.
 CLAIM_FUNCTIONS_V4 = r"""
 CREATE OR REPLACE FUNCTION anarchon_run_claim_v4(
     p_job text, p_slot bigint, p_token text, p_instance text, p_lease_ms bigint,
@@ -116,40 +119,46 @@ CREATE OR REPLACE FUNCTION anarchon_run_claim_v4(
                  o_marked boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_answer record;
     v_run record;
-    v_now bigint;
+    v_now bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    v_kind text;
 BEGIN
-    SELECT * INTO v_answer FROM anarchon_run_claim_v3(p_job, p_slot, p_token, p_instance,
-        p_lease_ms, p_reason, p_overlap_skip, p_max_late_ms, p_keep_ms, p_max_attempts);
-    IF v_answer.o_kind = 'other' THEN
-        SELECT r.id, r.state, r.status, r.attempt, r.slot, r.finished_at_ms, r.keep_ms,
-                r.max_attempts
-            INTO v_run FROM django_anarchon_run r WHERE r.job = p_job AND r.slot = p_slot;
-        v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-        IF FOUND AND v_run.state = 'claimed' THEN
-            RETURN QUERY SELECT 'done'::text, NULL::integer, NULL::bigint, v_now, false;
-            RETURN;
-        END IF;
-        IF FOUND AND v_run.state = 'finished'
+    SELECT r.id, r.state, r.status, r.token, r.attempt, r.slot, r.lease_until_ms,
+            r.finished_at_ms, r.keep_ms, r.max_attempts
+        INTO v_run FROM django_anarchon_run r WHERE r.job = p_job AND r.slot = p_slot;
+    IF FOUND THEN
+        IF v_run.state = 'claimed' THEN
+            v_kind := 'done';
+        ELSIF v_run.state = 'running' AND v_run.token <> p_token
+                AND v_run.lease_until_ms > v_now THEN
+            v_kind := 'running';
+        ELSIF v_run.state = 'finished'
                 AND v_now <= greatest(coalesce(v_run.finished_at_ms, v_run.slot), v_run.slot)
                     + greatest(coalesce(v_run.keep_ms, p_default_keep_ms), p_min_keep_ms)
                 AND NOT (v_run.status IN ('failed', 'interrupted')
                     AND v_run.attempt < p_max_attempts) THEN
-            IF (p_keep_ms IS NOT NULL AND (v_run.keep_ms IS NULL OR v_run.keep_ms < p_keep_ms))
-                    OR (p_max_attempts IS NOT NULL AND (v_run.max_attempts IS NULL
-                        OR v_run.max_attempts < p_max_attempts)) THEN
+            v_kind := 'done';
+        END IF;
+        IF v_kind IS NOT NULL THEN
+            IF v_run.state <> 'claimed' AND ((p_keep_ms IS NOT NULL
+                    AND (v_run.keep_ms IS NULL OR v_run.keep_ms < p_keep_ms))
+                OR (p_max_attempts IS NOT NULL AND (v_run.max_attempts IS NULL
+                    OR v_run.max_attempts < p_max_attempts))) THEN
+                -- Rare (the job's options changed): a backup told 'running' may take the
+                -- run over later with more attempts, so the sweep must know them.
                 UPDATE django_anarchon_run
                     SET keep_ms = greatest(keep_ms, p_keep_ms),
                         max_attempts = greatest(max_attempts, p_max_attempts)
                     WHERE id = v_run.id;
             END IF;
-            RETURN QUERY SELECT 'done'::text, NULL::integer, NULL::bigint, v_now, false;
+            RETURN QUERY SELECT v_kind,
+                CASE WHEN v_kind = 'running' THEN v_run.attempt::integer END,
+                NULL::bigint, v_now, false;
             RETURN;
         END IF;
     END IF;
-    RETURN QUERY SELECT v_answer.o_kind, v_answer.o_attempt, v_answer.o_slot,
-        v_answer.o_now_ms, v_answer.o_marked;
+    RETURN QUERY SELECT * FROM anarchon_run_claim_v3(p_job, p_slot, p_token, p_instance,
+        p_lease_ms, p_reason, p_overlap_skip, p_max_late_ms, p_keep_ms, p_max_attempts);
 END
 $$;
 
