@@ -17,8 +17,10 @@ worker processes on one store:
   seconds, PostgreSQL and Redis only. Reported: per burst, when its last handler
   started; p50/p99 over every run.
 
-Every workload also counts runs, duplicates (a slot started twice) and misses (a slot
-due while every worker was up that never started). The stores ``procrastinate`` and
+Every workload also counts runs, duplicates (a slot started twice), skips (a slot due
+while every worker was up that never started, which a worker skipped and said why: an
+overlap policy, lateness, a pause) and misses (one that never started, and that no worker
+said anything of). The stores ``procrastinate`` and
 ``apscheduler`` are peers on the steady workload, each on a PostgreSQL database of its own
 (benchmarks/peers.py; a peer that is not installed is skipped with a line saying so).
 ``--profile DIR`` runs each worker of the project's stores under cProfile and writes
@@ -208,6 +210,7 @@ class Report:
     runs: int
     duplicates: int
     misses: int
+    skips: int
     lateness: list[int]
     first: int | None
     bursts: list[int]
@@ -332,7 +335,10 @@ def _report(store: str, workload: str, results: list[dict[str, Any]], names: lis
     first_slot = (ready // every_ms + 1) * every_ms
     due = range(first_slot, until - 2_000, every_ms)
     missed = [(job, slot) for job in names for slot in due if (job, slot) not in seen]
-    misses = len(missed)
+    said = {(job, slot) for r in results for name, job, slot, _, _ in r.get("events", ())
+            if name == "skip"}
+    skips = sum(1 for key in missed if key in said)
+    misses = len(missed) - skips
     if missed:  # say which slots, and what the workers saw of them
         by_slot: dict[int, int] = {}
         for _, slot in missed:
@@ -362,7 +368,7 @@ def _report(store: str, workload: str, results: list[dict[str, Any]], names: lis
             won = [late for s, late in answers if s == slot]
             if won:
                 claimed.append(max(won))
-    return Report(store, workload, len(seen), duplicates, misses, lateness, first, bursts,
+    return Report(store, workload, len(seen), duplicates, misses, skips, lateness, first, bursts,
                   claimed, cpu_s=sum(r.get("cpu_s", 0.0) for r in results),
                   gc_ms=sum(r.get("gc_ms", 0.0) for r in results),
                   gc_max_ms=max(r.get("gc_max_ms", 0.0) for r in results))
@@ -388,16 +394,17 @@ def _print(reports: list[Report], args: argparse.Namespace, skipped: list[str]) 
           f"{os.getloadavg()[0]:.1f} at the end\n")
     for line in skipped:
         print(f"{line}\n")
-    print("| store | workload | runs | duplicates | misses | p50 | p99 | max | first slot "
+    print("| store | workload | runs | duplicates | skips | misses | p50 | p99 | max | first slot "
           "| last handler of each burst |" + (" last winning claim answered |" if args.trace else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.trace else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.trace else ""))
     for r in reports:
         median = f"{statistics.median(r.lateness):.0f} ms" if r.lateness else "-"
         first = "-" if r.first is None else f"{r.first} ms"
         bursts = ", ".join(f"{b} ms" for b in r.bursts) or "-"
         claimed = ", ".join(f"{c} ms" for c in r.claimed) or "-"
         traced = f" {claimed} |" if args.trace else ""
-        print(f"| {r.store} | {r.workload} | {r.runs:,} | {r.duplicates} | {r.misses} | {median} "
+        print(f"| {r.store} | {r.workload} | {r.runs:,} | {r.duplicates} | {r.skips} | {r.misses} "
+              f"| {median} "
               f"| {_pct(r.lateness, 0.99)} | {_pct(r.lateness, 1.0)} | {first} | {bursts} |"
               f"{traced}")
     print("\nWhat the workers spent while measured (all workers together): CPU, and the "
