@@ -187,6 +187,10 @@ def test_general_path_round_trips(alias: str) -> None:
     outcome, loser = count(alias, lambda: store.run_claim(_claim(job, slot, "b")))
     assert outcome == ClaimOutcome.running(1)
     assert loser.round_trips == 1, loser.statements  # the lock-free peek
+    assert store.finish(job, slot, "a", "success")
+    outcome, late_loser = count(alias, lambda: store.run_claim(_claim(job, slot, "c")))
+    assert outcome == ClaimOutcome.done()
+    assert late_loser.round_trips == 1, late_loser.statements  # the peek, no lock path
     plain = ClaimInput(job=job, slot=slot + 1, token="p", instance_id="A")
     won, first = count(alias, lambda: store.claim(plain))
     # the winner's history row is an upsert, which Django wraps in a transaction

@@ -611,8 +611,8 @@ class Store:
         return self._run_claim_locked(c)
 
     def _peek(self, c: RunClaim) -> Peek:
-        """One read, no lock: ``running``, or for a run that does not exist ``early``/``late``;
-        with the server's ``now`` of that read.
+        """One read, no lock: ``running`` or ``done``, or for a run that does not exist
+        ``early``/``late``; with the server's ``now`` of that read.
 
         Each answer was true when the row was read and changes nothing, so no lock is
         needed; ``running`` still raises the run's ``keep_ms``/``max_attempts`` to the
@@ -628,7 +628,7 @@ class Store:
         columns = ", ".join(
             f"r.{quote(name)}"
             for name in ("id", "state", "token", "attempt", "lease_until_ms", "keep_ms",
-                         "max_attempts")
+                         "max_attempts", "status", "slot", "finished_at_ms")
         )
         with connection.cursor() as cursor:
             cursor.execute(
@@ -648,8 +648,8 @@ class Store:
                 [c.job, RUNNING, c.job, c.slot, c.job, c.job, c.slot],
             )
             row = cursor.fetchone()
-        (now, pk, state, token, attempt, lease_until, keep, attempts, paused, until, mark,
-         swept) = row
+        (now, pk, state, token, attempt, lease_until, keep, attempts, status, slot, finished,
+         paused, until, mark, swept) = row
         now, sweep = int(now), bool(swept)
         if pk is None:
             if now < c.slot:
@@ -663,13 +663,23 @@ class Store:
                     return Peek(ClaimOutcome.late(now - c.slot), now, sweep)
                 return Peek("lock", now, sweep)
             return Peek("insert", now, sweep)
-        if state == RUNNING and token != c.token and lease_until > now:
-            if (keep, attempts) != (
-                _grown(keep, c.keep_ms), _grown(attempts, c.max_attempts)
-            ):
-                self._grow(pk, c)
-            return Peek(ClaimOutcome.running(int(attempt)), now, sweep)
-        return Peek("lock", now, sweep)
+        if state == CLAIMED:
+            return Peek(ClaimOutcome.done(), now, sweep)  # won through claim()
+        running = state == RUNNING and token != c.token and lease_until > now
+        # Done, as the lock path would answer: finished, still remembered, and no retry
+        # for this claim (the instances that lose a burst of instant runs ask after the
+        # winners have finished).
+        done = (
+            state == FINISHED
+            and now <= forget_after_ms(slot, slot if finished is None else finished, keep)
+            and not (status in ("failed", "interrupted") and attempt < c.max_attempts)
+        )
+        if not (running or done):
+            return Peek("lock", now, sweep)
+        if (keep, attempts) != (_grown(keep, c.keep_ms), _grown(attempts, c.max_attempts)):
+            self._grow(pk, c)
+        return Peek(ClaimOutcome.running(int(attempt)) if running else ClaimOutcome.done(),
+                    now, sweep)
 
     def _grow(self, pk: int, c: RunClaim) -> None:
         """Raise a run's ``keep_ms`` and ``max_attempts`` to the claim's; never lower them.
