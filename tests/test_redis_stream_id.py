@@ -217,7 +217,7 @@ def test_a_full_pool_claims_a_jobs_slots_in_slot_order(make: Factory) -> None:
     as a thread came free went out first, and the older one was lost ("is lost")."""
     from django_anarchon.engine import Scheduler
 
-    from .test_engine_support import queue_behind_a_full_pool, stop_all
+    from .test_engine_support import RARELY, queue_behind_a_full_pool, stop_all
 
     sent: list[int] = []
     won: list[int] = []
@@ -235,7 +235,7 @@ def test_a_full_pool_claims_a_jobs_slots_in_slot_order(make: Factory) -> None:
 
         backend.claim = claim  # type: ignore[method-assign]
         scheduler = Scheduler(backend, instance_id="A", threads=1)
-        scheduler.every("tick", "1h", lambda ctx: None)
+        scheduler.cron("tick", RARELY, lambda ctx: None)
         await scheduler.start()
         try:
             await queue_behind_a_full_pool(scheduler, sent)

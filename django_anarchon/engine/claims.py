@@ -154,16 +154,16 @@ def _nothing_to_follow(job: Job, outcome: ClaimOutcome) -> bool:
 
 
 class _Held:
-    """A job's due slots held back here, in slot order, until ``not_before`` (the follow
-    delay) and, while a run of the job here is ending, until ``until`` at the latest."""
+    """A job's due slots held back here since ``since``, in slot order: until
+    ``not_before`` (the follow delay), and while a run of the job here is ending."""
 
-    __slots__ = ("job", "not_before", "slots", "timer", "until")
+    __slots__ = ("job", "not_before", "since", "slots", "timer")
 
-    def __init__(self, job: Job, slot: int, not_before: float, until: float) -> None:
+    def __init__(self, job: Job, slot: int, since: float, not_before: float) -> None:
         self.job = job
         self.slots = [slot]
+        self.since = since
         self.not_before = not_before
-        self.until = until
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -316,9 +316,7 @@ class ClaimFlows:
             self._due_now(job, slot)
             return
         now = asyncio.get_running_loop().time()
-        self._held[job.name] = _Held(
-            job, slot, now + follow_ms / 1000, now + max(follow_ms, ending_ms) / 1000
-        )
+        self._held[job.name] = _Held(job, slot, now, now + follow_ms / 1000)
         self._check_held(job.name)
 
     def _follow_ms(self, job: Job) -> float:
@@ -346,8 +344,11 @@ class ClaimFlows:
         if now < held.not_before:
             held.timer = loop.call_at(held.not_before, self._check_held, name)
             return
-        if name in self._ending and now < held.until:
-            held.timer = loop.call_at(held.until, self._check_held, name)
+        # Asked each time: a run whose user code was still going when the slot was held
+        # (the follow delay) may be ending by the end of that delay.
+        until = held.since + self._ending_ms(held.job) / 1000
+        if now < until:
+            held.timer = loop.call_at(until, self._check_held, name)
             return
         del self._held[name]
         for slot in held.slots:
