@@ -159,6 +159,14 @@ def _outcome(
     return None
 
 
+def _args(c: RunClaim) -> list[Any]:
+    """A claim's arguments to ``anarchon_run_claim_v3``/``v4`` (before v4's two constants)."""
+    return [
+        c.job, c.slot, c.token, c.instance_id, c.lease_ms, c.reason, c.overlap == "skip",
+        c.max_late_ms, c.keep_ms, c.max_attempts,
+    ]
+
+
 def run_claim_many(
     connection: BaseDatabaseWrapper, claims: list[RunClaim], v4: bool = False
 ) -> list[ClaimOutcome | None]:
@@ -167,20 +175,12 @@ def run_claim_many(
     The batch goes in (job, slot) order, so batches of different instances take their
     locks in the same order and never wait for each other in a circle.
     """
+    if not claims:
+        return []
     order = sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot))
-    batch = [claims[i] for i in order]
-    params: list[Any] = [
-        [c.job for c in batch],
-        [c.slot for c in batch],
-        [c.token for c in batch],
-        [c.instance_id for c in batch],
-        [c.lease_ms for c in batch],
-        [c.reason for c in batch],
-        [c.overlap == "skip" for c in batch],
-        [c.max_late_ms for c in batch],
-        [c.keep_ms for c in batch],
-        [c.max_attempts for c in batch],
-    ]
+    # One array per argument of the single-claim function, in batch order.
+    per_claim = [_args(claims[i]) for i in order]
+    params: list[Any] = [list(column) for column in zip(*per_claim, strict=True)]
     if v4:
         rows = _rows(connection, RUN_CLAIM_MANY_V4_SQL, [*params, DEFAULT_KEEP_MS, MIN_KEEP_MS])
     else:
@@ -196,18 +196,7 @@ def run_claim(
     connection: BaseDatabaseWrapper, c: RunClaim, v4: bool = False
 ) -> ClaimOutcome | None:
     """The outcome, or ``None`` when the claim must take the general lock path."""
-    params: list[Any] = [
-        c.job,
-        c.slot,
-        c.token,
-        c.instance_id,
-        c.lease_ms,
-        c.reason,
-        c.overlap == "skip",
-        c.max_late_ms,
-        c.keep_ms,
-        c.max_attempts,
-    ]
+    params = _args(c)
     if v4:
         row = _call(connection, RUN_CLAIM_V4_SQL, [*params, DEFAULT_KEEP_MS, MIN_KEEP_MS])
     else:
