@@ -514,8 +514,9 @@ def _mark_inserted_in_a_transaction(statements: list[tuple[str, bool]]) -> bool:
 def test_general_path_round_trips_of_a_contested_slot(
     path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """overlap "allow": the winner's peek, its run and its history row are three
-    statements, no transaction; a loser after it, one (the peek). With "skip" the insert,
+    """overlap "allow": the winner's peek, its run, its history row and the sweep's read
+    of the job's other runs are four statements, no transaction; a loser after it, one
+    (the peek, which reads no other run). With "skip" the insert,
     the overlap look under the job's lock and the history row are one transaction."""
     from tests.test_database_backend import count
 
@@ -525,7 +526,7 @@ def test_general_path_round_trips_of_a_contested_slot(
     allow: dict[str, Any] = {"overlap": "allow"}
     outcome, trips = count(runs.alias, lambda: runs.claim(job, now - 5_000, "w", **allow))
     assert outcome == ClaimOutcome.won(1)
-    assert (trips.round_trips, trips.transactions) == (3, 0), trips.statements
+    assert (trips.round_trips, trips.transactions) == (4, 0), trips.statements
     outcome, trips = count(runs.alias, lambda: runs.claim(job, now - 5_000, "l", **allow))
     assert outcome == ClaimOutcome.running(1) and trips.round_trips == 1, trips.statements
     (record,) = runs.store.history(job, 10)

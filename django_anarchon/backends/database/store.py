@@ -81,12 +81,10 @@ _Next = Literal["insert", "lock"]
 
 
 class Peek(NamedTuple):
-    """The general path's lock-free read: its answer, the server's ``now``, and whether
-    the job has a lapsed run with its attempts used up (a sweep is owed)."""
+    """The general path's lock-free read: its answer and the server's ``now``."""
 
     answer: ClaimOutcome | _Next
     now: int
-    sweep: bool
 
 # SQLite has one writer at a time per file. Threads of one process queue on this lock
 # (woken at once) instead of sleeping in SQLite's busy handler; other processes still
@@ -619,9 +617,9 @@ class Store:
         claim's (a rare second statement: only when the job's options grew). ``late`` is
         answered here only when it writes no mark (a catch-up, or the slot's mark is there
         already); else, and for a paused job, the lock path decides and marks. The read
-        also takes the job's pause and the slot's mark, and whether the job has a lapsed
-        run with its attempts used up (``sweep``: the sweep is owed). ``"insert"``: the
-        insert decides.
+        also takes the job's pause and the slot's mark. ``"insert"``: the insert decides.
+        It reads no other run of the job: every claimer of a slot peeks, often twice, and
+        only the winner sweeps (``_claim_new``).
         """
         connection = connections[self.using]
         quote = connection.ops.quote_name
@@ -633,38 +631,33 @@ class Store:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT {now_ms_sql(self.vendor)}, {columns}, l.{quote('paused_at_ms')}, "
-                f"l.{quote('paused_until_ms')}, m.{quote('id')}, "
-                f"EXISTS (SELECT 1 FROM {quote(Run._meta.db_table)} s "
-                f"WHERE s.{quote('job')} = %s AND s.{quote('state')} = %s "
-                f"AND s.{quote('lease_until_ms')} <= {now_ms_sql(self.vendor)} "
-                f"AND s.{quote('max_attempts')} IS NOT NULL "
-                f"AND s.{quote('attempt')} >= s.{quote('max_attempts')}) "
+                f"l.{quote('paused_until_ms')}, m.{quote('id')} "
                 f"FROM (SELECT 1 AS one) d "
                 f"LEFT JOIN {quote(Run._meta.db_table)} r "
                 f"ON r.{quote('job')} = %s AND r.{quote('slot')} = %s "
                 f"LEFT JOIN {quote(JobLock._meta.db_table)} l ON l.{quote('job')} = %s "
                 f"LEFT JOIN {quote(LedgerMark._meta.db_table)} m "
                 f"ON m.{quote('job')} = %s AND m.{quote('slot')} = %s",
-                [c.job, RUNNING, c.job, c.slot, c.job, c.job, c.slot],
+                [c.job, c.slot, c.job, c.job, c.slot],
             )
             row = cursor.fetchone()
         (now, pk, state, token, attempt, lease_until, keep, attempts, status, slot, finished,
-         paused, until, mark, swept) = row
-        now, sweep = int(now), bool(swept)
+         paused, until, mark) = row
+        now = int(now)
         if pk is None:
             if now < c.slot:
-                return Peek(ClaimOutcome.early(c.slot - now), now, sweep)
+                return Peek(ClaimOutcome.early(c.slot - now), now)
             if c.reason == "backfill" or (
                 c.reason in PAUSABLE_REASONS and JobRow(now, paused, until).pause(c.job)
             ):
-                return Peek("lock", now, sweep)
+                return Peek("lock", now)
             if c.max_late_ms is not None and now > c.slot + c.max_late_ms:
                 if c.reason == "catch-up" or mark is not None:
-                    return Peek(ClaimOutcome.late(now - c.slot), now, sweep)
-                return Peek("lock", now, sweep)
-            return Peek("insert", now, sweep)
+                    return Peek(ClaimOutcome.late(now - c.slot), now)
+                return Peek("lock", now)
+            return Peek("insert", now)
         if state == CLAIMED:
-            return Peek(ClaimOutcome.done(), now, sweep)  # won through claim()
+            return Peek(ClaimOutcome.done(), now)  # won through claim()
         running = state == RUNNING and token != c.token and lease_until > now
         # Done, as the lock path would answer: finished, still remembered, and no retry
         # for this claim (the instances that lose a burst of instant runs ask after the
@@ -675,11 +668,11 @@ class Store:
             and not (status in ("failed", "interrupted") and attempt < c.max_attempts)
         )
         if not (running or done):
-            return Peek("lock", now, sweep)
+            return Peek("lock", now)
         if (keep, attempts) != (_grown(keep, c.keep_ms), _grown(attempts, c.max_attempts)):
             self._grow(pk, c)
         return Peek(ClaimOutcome.running(int(attempt)) if running else ClaimOutcome.done(),
-                    now, sweep)
+                    now)
 
     def _grow(self, pk: int, c: RunClaim) -> None:
         """Raise a run's ``keep_ms`` and ``max_attempts`` to the claim's; never lower them.
@@ -710,7 +703,8 @@ class Store:
         an ``overlap`` answer writes its mark under that lock: the insert, that look and
         the history row are one transaction. With "allow" nothing else is decided, so the
         insert and the history row are a statement each (a runner that dies between them
-        gets its record when the run is taken over or swept: ``_interrupt``). ``None``:
+        gets its record when the run is taken over or swept: ``_interrupt``), and then the
+        winner alone reads the job's other runs for the sweep. ``None``:
         the run exists but is not live (the general lock path decides).
         """
         now = peeked.now
@@ -738,11 +732,10 @@ class Store:
                 c.job, c.slot, c.instance_id, 1, False,
                 reason=c.reason, status="running", started_at=now,
             )
-        if peeked.sweep:
-            try:
-                self._sweep_used_up(c.job, c.slot, now)
-            except DatabaseError as exc:  # housekeeping: the next claim of the job sweeps
-                logger.debug("database backend: sweep of job %s failed: %s", c.job, exc)
+        try:
+            self._sweep_used_up(c.job, c.slot, now)
+        except DatabaseError as exc:  # housekeeping: the next claim of the job sweeps
+            logger.debug("database backend: sweep of job %s failed: %s", c.job, exc)
         return ClaimOutcome.won(1)
 
     def _lost_insert(self, c: RunClaim) -> ClaimOutcome | None:
