@@ -11,14 +11,17 @@ the same way in the same run: ``INSERT ... ON CONFLICT DO NOTHING`` on a table w
 primary key (job, slot), through psycopg's async connection, one per claimer.
 ``runs.claim()`` uses ``overlap="allow"`` (the runs are never finished here, so "skip"
 would answer ``overlap`` to every later slot). Each case runs ``--repeat`` times and the
-best run counts, since the test machine is shared. Prints a Markdown table.
+best run counts, since the test machine is shared. ``--also mariadb,sqlite`` adds the
+general path on those servers (8 claimers). Prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -88,7 +91,7 @@ def bare_in_threads(conninfo: dict[str, Any]) -> Maker:
     return make
 
 
-def backend_claims(use_runs: bool, fast_path: bool = True) -> Maker:
+def backend_claims(use_runs: bool, fast_path: bool = True, using: str = "default") -> Maker:
     from django_anarchon.backends.base import ClaimInput, RunClaim
     from django_anarchon.backends.database import DatabaseBackend
 
@@ -96,7 +99,7 @@ def backend_claims(use_runs: bool, fast_path: bool = True) -> Maker:
     base = time.time_ns() // 1_000_000
 
     async def make(index: int) -> tuple[Op, Close]:
-        backend = DatabaseBackend(using="default", max_connections=1, fast_path=fast_path)
+        backend = DatabaseBackend(using=using, max_connections=1, fast_path=fast_path)
         await backend.init()
         await backend.prepare_job(job, 100)
 
@@ -144,7 +147,7 @@ async def batch_vs_single(jobs: int) -> list[str]:
     return lines
 
 
-def setup_django(conninfo: dict[str, Any], name: str) -> None:
+def setup_django(conninfo: dict[str, Any], name: str, also: dict[str, Any]) -> None:
     import django
     from django.conf import settings
 
@@ -157,13 +160,51 @@ def setup_django(conninfo: dict[str, Any], name: str) -> None:
             "PORT": conninfo["port"],
             "USER": conninfo["user"],
             "CONN_MAX_AGE": None,
-        }},
+        }, **also},
         USE_TZ=True,
     )
     django.setup()
     from django.core.management import call_command
 
-    call_command("migrate", "django_anarchon", verbosity=0)
+    for alias in ("default", *also):
+        call_command("migrate", "django_anarchon", database=alias, verbosity=0)
+
+
+def other_databases(names: list[str], name: str, folder: str) -> dict[str, Any]:
+    """Django settings of the other servers ``--also`` names, each in a new database."""
+    databases: dict[str, Any] = {}
+    if "mariadb" in names:
+        import MySQLdb
+
+        with contextlib.closing(MySQLdb.connect(host="127.0.0.1", user="root")) as conn:
+            conn.cursor().execute(f"CREATE DATABASE {name}")
+        databases["mariadb"] = {"ENGINE": "django.db.backends.mysql", "NAME": name,
+                                "HOST": "127.0.0.1", "USER": "root", "CONN_MAX_AGE": None}
+    if "sqlite" in names:
+        databases["sqlite"] = {
+            "ENGINE": "django.db.backends.sqlite3", "NAME": str(Path(folder) / "bench.sqlite3"),
+            "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "timeout": 20},
+        }
+    return databases
+
+
+def drop_other_databases(databases: dict[str, Any]) -> None:
+    if "mariadb" in databases:
+        import MySQLdb
+
+        with contextlib.closing(MySQLdb.connect(host="127.0.0.1", user="root")) as conn:
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS {databases['mariadb']['NAME']}")
+
+
+async def general_elsewhere(aliases: list[str], claims: int, repeat: int) -> list[str]:
+    """The general path on the other servers, 8 claimers as above."""
+    rows = []
+    for alias in aliases:
+        runs = [await measure(backend_claims(True, False, alias), 8, claims) for _ in range(repeat)]
+        per_s, p50, p99 = max(runs)
+        rows.append(f"| `runs.claim()`, general path, {alias} | 8 | {per_s:,.0f} | "
+                    f"{p50:.2f} ms | {p99:.2f} ms |")
+    return rows
 
 
 async def run_cases(
@@ -193,6 +234,10 @@ async def run_cases(
         for label, _ in cases[2:]
         for bare in (cases[0][0], cases[1][0])
     ]
+    fast, general = cases[2][0], cases[-1][0]  # issue 10: general at least 0.5 of fast
+    if (fast, 8) in results and (general, 8) in results and fast != general:
+        ratios.append(f"{general} at 8 claimers: "
+                      f"{results[(general, 8)] / results[(fast, 8)]:.2f} of {fast}")
     return rows, ratios
 
 
@@ -205,12 +250,16 @@ def main(args: argparse.Namespace) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
         version = conn.execute("SHOW server_version").fetchone()
     conninfo = {**server, "dbname": name}
+    also: dict[str, Any] = {}
+    folder = tempfile.TemporaryDirectory()
     try:
         with psycopg.connect(autocommit=True, **conninfo) as conn:
             conn.execute("CREATE TABLE bench_bare (job text, slot bigint, token text, "
                          "PRIMARY KEY (job, slot))")
-        setup_django(server, name)
+        also = other_databases([n for n in args.also.split(",") if n], name, folder.name)
+        setup_django(server, name, also)
         rows, ratios = asyncio.run(run_cases(conninfo, args.claims, args.repeat, args.only))
+        rows += asyncio.run(general_elsewhere(list(also), args.claims, args.repeat))
         batch = asyncio.run(batch_vs_single(args.batch))
         print(f"PostgreSQL {version[0] if version else '?'}, {args.claims} claims per claimer, "
               f"best of {args.repeat}\n")
@@ -227,6 +276,8 @@ def main(args: argparse.Namespace) -> None:
         connections.close_all()
         with psycopg.connect(dbname="postgres", autocommit=True, **server) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_other_databases(also)
+        folder.cleanup()
 
 
 if __name__ == "__main__":
@@ -238,4 +289,6 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=1000, help="jobs in the claim_many case")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case; the best counts")
     parser.add_argument("--only", default="", help="only the backend cases whose label has this")
+    parser.add_argument("--also", default="", help="the general path on these servers too, "
+                        "8 claimers: mariadb (root@127.0.0.1:3306), sqlite (a file)")
     main(parser.parse_args())
