@@ -6,6 +6,8 @@ Slots and deadlines travel as epoch milliseconds; a log line that printed them r
 
 from __future__ import annotations
 
+import functools
+
 from .backends.base import ms_to_datetime
 
 __all__ = ["iso"]
@@ -20,11 +22,15 @@ class iso:  # lower case: it reads as a function at the call sites, iso(slot)
         self.ms = ms
 
     def __str__(self) -> str:
-        if self.ms is None:
-            return "-"
-        try:
-            return ms_to_datetime(self.ms).isoformat()
-        except (OverflowError, ValueError, OSError):  # outside datetime's years: still say it
-            return f"{self.ms} ms after the epoch"
+        return "-" if self.ms is None else _text(self.ms)
 
     __repr__ = __str__
+
+
+@functools.lru_cache(maxsize=256)
+def _text(ms: int) -> str:
+    """Cached: the runs of one slot (a burst's thousand) name it in their task names."""
+    try:
+        return ms_to_datetime(ms).isoformat()
+    except (OverflowError, ValueError, OSError):  # outside datetime's years: still say it
+        return f"{ms} ms after the epoch"

@@ -26,7 +26,7 @@ MAX_DELAY_S = 2.0
 
 
 async def retry_store_call(
-    what: str,
+    what: object,
     call: Callable[[], Awaitable[T]],
     *,
     deadline_ms: int | None = None,
@@ -37,7 +37,8 @@ async def retry_store_call(
 ) -> T:
     """Await ``call()`` until it returns; re-raise its last error once the deadline passed.
 
-    ``what`` names the call in logs (scheduler, job, slot). ``deadline_ms`` is epoch ms;
+    ``what`` names the call in logs (scheduler, job, slot), as ``str(what)``, formatted
+    only when a line is written. ``deadline_ms`` is epoch ms;
     ``give_up()`` lets the caller stop early (the scheduler is stopping); an error for
     which ``retryable(exc)`` is false is raised at once (a refusal, not an outage).
     """

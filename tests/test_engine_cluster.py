@@ -432,7 +432,7 @@ class FlakySaveBackend(MemoryBackend):
 
 @pytest.mark.parametrize("one_by_one", [False, True], ids=["finish_many", "finish-then-save"])
 async def test_store_errors_on_a_lease_store_are_retried_and_no_record_is_lost(
-    one_by_one: bool,
+    one_by_one: bool, caplog: pytest.LogCaptureFixture,
 ) -> None:
     backend = FlakySaveBackend()
     runs = backend.runs = (FlakyOneByOneRunStore if one_by_one else FlakyRunStore)(backend)
@@ -459,3 +459,6 @@ async def test_store_errors_on_a_lease_store_are_retried_and_no_record_is_lost(
     (record,) = await s.ahistory("flaky")
     assert (record.status, record.attempt) == ("success", 1)
     assert not events.named("lost")
+    # The retries' log lines name the call (formatted only when written).
+    slot = record.scheduled_at.isoformat()
+    assert f"scheduler {s.name}: finish of job flaky slot {slot} attempt 1 failed" in caplog.text

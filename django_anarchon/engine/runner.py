@@ -219,6 +219,27 @@ class _Heartbeat:
             self._task.cancel()
 
 
+class _What:
+    """Names a store call of an attempt in log lines, formatted only if one is written:
+    every run's finish is given one, and nearly none is ever logged."""
+
+    __slots__ = ("attempt", "call", "scheduler")
+
+    def __init__(self, scheduler: str, call: str, attempt: Attempt) -> None:
+        self.scheduler, self.call, self.attempt = scheduler, call, attempt
+
+    def __str__(self) -> str:
+        attempt = self.attempt
+        return (
+            f"scheduler {self.scheduler}: {self.call} of job {attempt.job.name} "
+            f"slot {iso(attempt.slot)} attempt {attempt.attempt}"
+        )
+
+
+#: A slot's datetime, shared by the runs of that slot (a burst's runs have one slot).
+_slot_datetime = functools.lru_cache(maxsize=256)(ms_to_datetime)
+
+
 def _unlock(lock: asyncio.Lock, task: asyncio.Future[Any]) -> None:
     lock.release()
     if not task.cancelled():
@@ -245,11 +266,8 @@ class Runner:
         """At a stop: cancel the batch of ends still on its way (``EndBatcher.close``)."""
         return None if self._ends is None else self._ends.close()
 
-    def _what(self, attempt: Attempt, call: str) -> str:
-        return (
-            f"scheduler {self.host.name}: {call} of job {attempt.job.name} slot {iso(attempt.slot)} "
-            f"attempt {attempt.attempt}"
-        )
+    def _what(self, attempt: Attempt, call: str) -> _What:
+        return _What(self.host.name, call, attempt)
 
     def record(
         self,
@@ -261,7 +279,7 @@ class Runner:
         return RunRecord(
             job=attempt.job.name,
             slot=attempt.slot,
-            scheduled_at=ms_to_datetime(attempt.slot),
+            scheduled_at=_slot_datetime(attempt.slot),
             instance_id=self.host.instance_id,
             manual=attempt.manual,
             attempt=attempt.attempt,
@@ -443,7 +461,7 @@ class Runner:
         ctx = JobContext(
             name=job.name,
             slot=attempt.slot,
-            scheduled_at=ms_to_datetime(attempt.slot),
+            scheduled_at=_slot_datetime(attempt.slot),
             instance_id=self.host.instance_id,
             manual=attempt.manual,
             data=None,
