@@ -493,3 +493,52 @@ async def test_script_calls_beyond_the_pool_wait_for_a_connection() -> None:
     finally:
         delete_prefix(URL, backend.key_prefix)
         await backend.close()
+
+
+def test_a_claims_script_arguments_follow_every_option_of_the_claim() -> None:
+    """The parts of a claim's call that a job's slots share are kept encoded per job and
+    options: each field of the claim still reaches the script as it did when every call
+    was built whole, whatever was claimed before (a cache that missed an option would send
+    another claim's)."""
+    from dataclasses import fields, replace
+
+    from django_anarchon.backends.base import (
+        BUFFER_WAIT_CAP_MS,
+        DEFAULT_KEEP_MS,
+        MIN_KEEP_MS,
+        buffer_hold_ms,
+        cancel_reason,
+    )
+
+    runs = RedisBackend(url="redis://127.0.0.1:1/0", key_prefix="parts").runs
+    assert runs is not None
+
+    def whole(c: RunClaim) -> tuple[list[str], list[str]]:
+        base = f"parts:{{{c.job}}}"
+        keys = [f"{base}:r:{c.slot}", f"{base}:active", *(f"{base}:{k}" for k in
+                ("hc", "hr", "hs", "he", "hm", "b", "m", "mi", "p"))]
+        def opt(v: int | None) -> str:
+            return "" if v is None else str(v)
+        args = [c.slot, c.token, c.instance_id, c.mode, c.reason, c.lease_ms, c.overlap,
+                c.max_attempts, opt(c.max_late_ms), opt(c.keep_ms), c.history_size,
+                opt(c.history_ttl_ms), f"{base}:r:", DEFAULT_KEEP_MS, MIN_KEEP_MS,
+                c.buffer_limit,
+                cancel_reason(c.slot, c.instance_id) if c.overlap == "cancel_other" else "",
+                buffer_hold_ms(c.lease_ms), BUFFER_WAIT_CAP_MS]
+        return keys, [str(a) for a in args]
+
+    def text(values: list[Any]) -> list[str]:
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+    base = RunClaim(job="j", slot=1_000, token="t", instance_id="A", keep_ms=5_000)
+    changes: dict[str, Any] = {
+        "job": "k", "slot": 2_000, "token": "u", "instance_id": "B", "history_size": 7,
+        "history_ttl_ms": 9_000, "mode": "takeover", "reason": "catch-up", "lease_ms": 4_000,
+        "overlap": "cancel_other", "max_attempts": 3, "max_late_ms": 800, "keep_ms": None,
+        "buffer_limit": 2,
+    }
+    assert set(changes) == {f.name for f in fields(RunClaim)}  # a new field is varied too
+    claims = [base, *(replace(base, **{name: value}) for name, value in changes.items())]
+    for c in [*claims, *reversed(claims)]:  # each twice: the second time from what was kept
+        _, keys, args = runs._claim_call(c)
+        assert (text(keys), text(args)) == whole(c), c
