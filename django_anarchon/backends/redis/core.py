@@ -619,6 +619,7 @@ class RedisRunStore(LedgerCalls):
     def __init__(self, backend: RedisProtocolBackend) -> None:
         self._backend = backend
         self._claim_parts: dict[tuple[Any, ...], _ClaimParts] = {}
+        self._claim_parts_lock = threading.Lock()
 
     def _run_key(self, job: str, slot: int) -> str:
         return f"{self._backend.job_key(job)}:r:{slot}"
@@ -628,9 +629,11 @@ class RedisRunStore(LedgerCalls):
                    c.keep_ms, c.history_size, c.history_ttl_ms, c.buffer_limit)
         parts = self._claim_parts.get(options)
         if parts is None:
-            parts = self._claim_parts[options] = self._new_claim_parts(c)
-            if len(self._claim_parts) > CLAIM_PARTS_KEPT:
-                del self._claim_parts[next(iter(self._claim_parts))]  # the oldest
+            parts = self._new_claim_parts(c)
+            with self._claim_parts_lock:  # the sync twins claim from threads of their own
+                self._claim_parts[options] = parts
+                if len(self._claim_parts) > CLAIM_PARTS_KEPT:
+                    del self._claim_parts[next(iter(self._claim_parts))]  # the first added
         keys: list[str | bytes] = [f"{parts.base}:r:{c.slot}", *parts.keys]
         args: list[Any] = [
             c.slot, c.token, parts.instance, c.mode, c.reason, *parts.options,
