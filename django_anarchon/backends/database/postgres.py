@@ -159,6 +159,11 @@ def _outcome(
     return None
 
 
+def _versioned(params: list[Any], v4: bool, v3_sql: str, v4_sql: str) -> tuple[str, list[Any]]:
+    """The v4 function takes the store's two keep constants after v3's arguments."""
+    return (v4_sql, [*params, DEFAULT_KEEP_MS, MIN_KEEP_MS]) if v4 else (v3_sql, params)
+
+
 def _args(c: RunClaim) -> list[Any]:
     """A claim's arguments to ``anarchon_run_claim_v3``/``v4`` (before v4's two constants)."""
     return [
@@ -181,10 +186,7 @@ def run_claim_many(
     # One array per argument of the single-claim function, in batch order.
     per_claim = [_args(claims[i]) for i in order]
     params: list[Any] = [list(column) for column in zip(*per_claim, strict=True)]
-    if v4:
-        rows = _rows(connection, RUN_CLAIM_MANY_V4_SQL, [*params, DEFAULT_KEEP_MS, MIN_KEEP_MS])
-    else:
-        rows = _rows(connection, RUN_CLAIM_MANY_SQL, params)
+    rows = _rows(connection, *_versioned(params, v4, RUN_CLAIM_MANY_SQL, RUN_CLAIM_MANY_V4_SQL))
     outcomes: list[ClaimOutcome | None] = [None] * len(claims)
     for index, kind, attempt, slot, now, marked in rows:
         original = order[int(index) - 1]
@@ -196,12 +198,9 @@ def run_claim(
     connection: BaseDatabaseWrapper, c: RunClaim, v4: bool = False
 ) -> ClaimOutcome | None:
     """The outcome, or ``None`` when the claim must take the general lock path."""
-    params = _args(c)
-    if v4:
-        row = _call(connection, RUN_CLAIM_V4_SQL, [*params, DEFAULT_KEEP_MS, MIN_KEEP_MS])
-    else:
-        row = _call(connection, RUN_CLAIM_SQL, params)
-    kind, attempt, slot, now, marked = row
+    kind, attempt, slot, now, marked = _call(
+        connection, *_versioned(_args(c), v4, RUN_CLAIM_SQL, RUN_CLAIM_V4_SQL)
+    )
     return _outcome(c, kind, attempt, slot, now, bool(marked))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import socket
@@ -618,22 +619,18 @@ class RedisRunStore(LedgerCalls):
 
     def __init__(self, backend: RedisProtocolBackend) -> None:
         self._backend = backend
-        self._claim_parts: dict[tuple[Any, ...], _ClaimParts] = {}
-        self._claim_parts_lock = threading.Lock()
+        # Thread-safe (the sync twins claim from threads of their own), least recently
+        # used out first.
+        self._claim_parts = functools.lru_cache(maxsize=CLAIM_PARTS_KEPT)(self._new_claim_parts)
 
     def _run_key(self, job: str, slot: int) -> str:
         return f"{self._backend.job_key(job)}:r:{slot}"
 
     def _claim_call(self, c: RunClaim) -> tuple[Script, list[str | bytes], list[Any]]:
-        options = (c.job, c.instance_id, c.lease_ms, c.overlap, c.max_attempts, c.max_late_ms,
-                   c.keep_ms, c.history_size, c.history_ttl_ms, c.buffer_limit)
-        parts = self._claim_parts.get(options)
-        if parts is None:
-            parts = self._new_claim_parts(c)
-            with self._claim_parts_lock:  # the sync twins claim from threads of their own
-                self._claim_parts[options] = parts
-                if len(self._claim_parts) > CLAIM_PARTS_KEPT:
-                    del self._claim_parts[next(iter(self._claim_parts))]  # the first added
+        parts = self._claim_parts(
+            c.job, c.instance_id, c.lease_ms, c.overlap, c.max_attempts, c.max_late_ms,
+            c.keep_ms, c.history_size, c.history_ttl_ms, c.buffer_limit,
+        )
         keys: list[str | bytes] = [f"{parts.base}:r:{c.slot}", *parts.keys]
         args: list[Any] = [
             c.slot, c.token, parts.instance, c.mode, c.reason, *parts.options,
@@ -643,16 +640,22 @@ class RedisRunStore(LedgerCalls):
         ]
         return scripts.RUN_CLAIM, keys, args
 
-    def _new_claim_parts(self, c: RunClaim) -> _ClaimParts:
-        base = self._backend.job_key(c.job)
-        keys = [f"{base}:active", *self._backend.history_keys(c.job),
+    def _new_claim_parts(
+        self, job: str, instance_id: str, lease_ms: int, overlap: str, max_attempts: int,
+        max_late_ms: int | None, keep_ms: int | None, history_size: int,
+        history_ttl_ms: int | None, buffer_limit: int,
+    ) -> _ClaimParts:
+        """What every claim of ``job`` with these options sends alike (every field of the
+        claim but its slot, token, mode and reason: they are the cache's key)."""
+        base = self._backend.job_key(job)
+        keys = [f"{base}:active", *self._backend.history_keys(job),
                 f"{base}:b", f"{base}:m", f"{base}:mi", f"{base}:p"]
-        options = [c.lease_ms, c.overlap, c.max_attempts, _opt(c.max_late_ms), _opt(c.keep_ms),
-                   c.history_size, _opt(c.history_ttl_ms), f"{base}:r:", DEFAULT_KEEP_MS,
-                   MIN_KEEP_MS, c.buffer_limit]
-        tail = [buffer_hold_ms(c.lease_ms), BUFFER_WAIT_CAP_MS]
+        options = [lease_ms, overlap, max_attempts, _opt(max_late_ms), _opt(keep_ms),
+                   history_size, _opt(history_ttl_ms), f"{base}:r:", DEFAULT_KEEP_MS,
+                   MIN_KEEP_MS, buffer_limit]
+        tail = [buffer_hold_ms(lease_ms), BUFFER_WAIT_CAP_MS]
         return _ClaimParts(
-            base, _encoded(keys), _encoded([c.instance_id])[0], _encoded(options), _encoded(tail)
+            base, _encoded(keys), _encoded([instance_id])[0], _encoded(options), _encoded(tail)
         )
 
     async def claim(self, input: RunClaim) -> ClaimOutcome:
