@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -484,6 +485,60 @@ async def test_the_instance_that_lost_a_jobs_last_slot_claims_its_next_one_later
         for previous, slot in zip(sorted(winners), sorted(winners)[1:], strict=False)
     )
     assert kept >= (len(winners) - 1) * 0.8, winners
+
+
+async def test_the_claims_that_back_up_other_instances_are_answered_by_a_look() -> None:
+    """Issue 10: in a burst three claims in four only back up the instance that won the
+    job's last slot, and on Redis each was a whole claim script. A batch's claims of jobs
+    another instance won last are answered by ``peek_many`` where that is the claim's
+    answer; with the leader stopped, the look answers nothing and the claims win."""
+    backend = MemoryBackend(clock=real_ms)
+    sends = Recording(backend)
+    looked: dict[str, list[tuple[str, int, ClaimOutcome | None]]] = {}
+    real_peek = backend.runs.peek_many
+
+    async def peek_many(claims: list[RunClaim]) -> list[ClaimOutcome | None]:
+        answers = await real_peek(claims)
+        for c, answer in zip(claims, answers, strict=True):
+            looked.setdefault(c.instance_id, []).append((c.job, c.slot, answer))
+        return answers
+
+    backend.runs.peek_many = peek_many  # type: ignore[method-assign]
+    calls = Calls()
+    schedulers = {i: Scheduler(backend, instance_id=i) for i in ("A", "B", "C")}
+    for s in schedulers.values():
+        for n in range(20):
+            s.every(f"job{n}", "200ms",
+                    lambda ctx: calls.add(job=ctx.name, slot=ctx.slot, by=ctx.instance_id))
+    for s in schedulers.values():
+        await s.start()
+    try:
+        await wait_for(lambda: len(calls) >= 20 * 4, 10, "four slots of each job")
+        runs_of = Counter(c["by"] for c in calls.items)
+        leader = runs_of.most_common(1)[0][0]
+        await stop_all(schedulers[leader])
+        gone = real_ms()
+        await wait_for(
+            lambda: len([c for c in calls.items if c["slot"] > gone + 200]) >= 20 * 3, 10,
+            "three slots of each job after the leader stopped",
+        )
+    finally:
+        await stop_all(*schedulers.values())
+    slots = Counter((c["job"], c["slot"]) for c in calls.items)
+    assert max(slots.values()) == 1, [k for k, n in slots.items() if n > 1]
+    for n in range(20):
+        mine = sorted(slot for job, slot in slots if job == f"job{n}")
+        assert mine == list(range(mine[0], mine[0] + 200 * len(mine), 200)), (n, mine)
+    # The followers' claims of the leader's slots were looks, answered without a claim.
+    answered = {(by, job, slot, a.kind) for by, seen in looked.items()
+                for job, slot, a in seen if a is not None}
+    assert len(answered) >= 20, looked
+    assert {kind for *_, kind in answered} <= {"running", "done"}, answered
+    claimed = {(c.instance_id, c.job, c.slot) for c, _ in sends.claims}
+    assert not {(by, job, slot) for by, job, slot, _ in answered} & claimed
+    # ...and after the leader stopped, the looks answered nothing and the claims won.
+    after = [c for c in calls.items if c["slot"] > gone + 200]
+    assert {c["by"] for c in after} <= set(schedulers) - {leader}, after
 
 
 async def test_a_follower_still_runs_every_slot_once_its_leader_has_gone() -> None:

@@ -158,6 +158,10 @@ class MemoryRunStore:
         with self._state.lock:
             return [self._claim(c) for c in claims]
 
+    async def peek_many(self, claims: list[RunClaim]) -> list[ClaimOutcome | None]:
+        with self._state.lock:
+            return [self._peek(c) for c in claims]
+
     async def heartbeat(self, job: str, slot: int, token: str, lease_ms: int) -> bool:
         with self._state.lock:
             run = self._mine(job, slot, token)
@@ -319,6 +323,26 @@ class MemoryRunStore:
         )
         return outcome
 
+
+    def _peek(self, c: RunClaim) -> ClaimOutcome | None:
+        """``_claim``'s answer where it would change nothing, else ``None``."""
+        now = self._state.now()
+        run = self._state.runs.get(c.job, {}).get(c.slot)
+        if (
+            run is None
+            or run.max_attempts < c.max_attempts
+            or (c.keep_ms is not None and (run.keep_ms or 0) < c.keep_ms)
+        ):
+            return None
+        if run.state == "running":
+            if run.token != c.token and run.lease_until > now:
+                return ClaimOutcome.running(run.attempt)
+            return None
+        if run.status in ("failed", "interrupted") and run.attempt < c.max_attempts:
+            return None
+        if run.finished_at is None or now > forget_after_ms(c.slot, run.finished_at, run.keep_ms):
+            return None  # forgotten by the claim
+        return ClaimOutcome.done()
 
     def _mine(self, job: str, slot: int, token: str) -> _Run | None:
         run = self._state.runs.get(job, {}).get(slot)

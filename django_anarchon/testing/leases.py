@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
-from ..backends.base import MIN_KEEP_MS, ClaimOutcome, FinalStatus, RunEnd, RunStore
+from ..backends.base import MIN_KEEP_MS, ClaimOutcome, FinalStatus, RunClaim, RunEnd, RunStore
 from ._base import (
     _HOUR_MS,
     _KEEP_MS,
@@ -228,6 +229,64 @@ class LeaseTests(ContractBase):
             assert await runs.heartbeat(job, slot, "a", 30_000) is False
             record = self.find(await backend.history(job, 10), slot=slot)
             assert (record.attempt, record.instance_id, record.status) == (1, "A", "interrupted")
+
+        self.run(make_backend, scenario)
+
+    def test_lease_peek_many_answers_as_a_claim_that_changes_nothing(
+        self, make_backend: BackendFactory
+    ) -> None:
+        """``peek_many`` (optional): where a claim of the run would change nothing, the
+        claim's answer; ``None`` wherever it would (a new run, a takeover, a retry, a
+        larger keep or ``max_attempts``). The peek itself changes nothing."""
+
+        async def scenario(backends: _Backends) -> None:
+            backend, runs = await self.leases(backends)
+            peek = getattr(runs, "peek_many", None)
+            if not callable(peek):
+                pytest.skip(f"{type(runs).__name__} has no peek_many()")
+            _, other = await self.leases(backends)
+            slot = _past_ms()
+            jobs = {name: unique_job(f"peek{name}") for name in (
+                "new", "running", "mine", "lapsed", "done", "failed", "used", "more", "keep")}
+
+            def claim(name: str, token: str, **kw: Any) -> RunClaim:
+                return self.run_claim(jobs[name], slot, token, token.upper(), **kw)
+
+            for name in ("running", "mine", "more", "keep"):
+                assert await runs.claim(claim(name, "a")) == ClaimOutcome.won(1)
+            for name, status, attempts in (
+                ("done", "success", 3), ("failed", "failed", 3), ("used", "failed", 2)
+            ):
+                won = await runs.claim(claim(name, "a", max_attempts=attempts))
+                assert won == ClaimOutcome.won(1)
+                assert await runs.finish(jobs[name], slot, "a", status) is True
+            assert await runs.claim(claim("used", "b", max_attempts=2)) == ClaimOutcome.won(2)
+            assert await runs.finish(jobs["used"], slot, "b", "failed") is True
+            lapsed = claim("lapsed", "a", lease_ms=self.lease_ms)
+            assert await runs.claim(lapsed) == ClaimOutcome.won(1)
+            await self.wait_lapsed(runs, jobs["lapsed"], slot)
+
+            looks = {
+                "new": (claim("new", "z"), None),
+                "running": (claim("running", "z"), ClaimOutcome.running(1)),
+                "mine": (claim("mine", "a"), None),  # the same claim again renews the lease
+                "lapsed": (claim("lapsed", "z"), None),  # a takeover, or the store ends it
+                "done": (claim("done", "z", max_attempts=3), ClaimOutcome.done()),
+                "failed": (claim("failed", "z", max_attempts=3), None),  # its retry
+                "used": (claim("used", "z", max_attempts=2), ClaimOutcome.done()),
+                "more": (claim("more", "z", max_attempts=2), None),  # a larger max_attempts
+                "keep": (claim("keep", "z", keep_ms=_HOUR_MS), None),  # a larger keep
+            }
+            seen = {name: (await runs.active(job), await backend.history(job, 10))
+                    for name, job in jobs.items()}
+            peeked = await peek([c for c, _ in looks.values()])
+            assert dict(zip(looks, peeked, strict=True)) == {n: a for n, (_, a) in looks.items()}
+            for name, job in jobs.items():
+                assert (await runs.active(job), await backend.history(job, 10)) == seen[name], name
+            # What the peek answered, the claim answers.
+            for name, (c, answer) in looks.items():
+                if answer is not None:
+                    assert await other.claim(c) == answer, name
 
         self.run(make_backend, scenario)
 
