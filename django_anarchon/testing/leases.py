@@ -254,9 +254,10 @@ class LeaseTests(ContractBase):
 
             for name in ("running", "mine", "more", "keep"):
                 assert await runs.claim(claim(name, "a")) == ClaimOutcome.won(1)
-            for name, status, attempts in (
+            ends: list[tuple[str, FinalStatus, int]] = [
                 ("done", "success", 3), ("failed", "failed", 3), ("used", "failed", 2)
-            ):
+            ]
+            for name, status, attempts in ends:
                 won = await runs.claim(claim(name, "a", max_attempts=attempts))
                 assert won == ClaimOutcome.won(1)
                 assert await runs.finish(jobs[name], slot, "a", status) is True
