@@ -671,19 +671,22 @@ class RedisRunStore(LedgerCalls):
         where the claim must decide. Three short arguments a claim, not thirty."""
         if not claims:
             return []
+        job_key = self._backend.job_key
         calls = [
-            (self._run_key(c.job, c.slot), [c.token, c.max_attempts, _opt(c.keep_ms)])
+            (f"{job_key(c.job)}:r:{c.slot}", (c.token, c.max_attempts, _opt(c.keep_ms)))
             for c in claims
         ]
         if hasattr(self._backend.client(), "get_node_from_key"):
-            replies = [r[0] for r in await self._backend.eval_many(
+            replies = await self._backend.eval_many(
                 [(scripts.RUN_PEEK, [key], args) for key, args in calls]
-            )]
+            )
+            words = [_text(reply) for reply in replies]
         else:
-            replies = await self._backend.eval(
+            reply = await self._backend.eval(
                 scripts.RUN_PEEK, [key for key, _ in calls], [a for _, args in calls for a in args]
             )
-        return [None if reply == 0 else _outcome(reply) for reply in replies]
+            words = _text(reply).split(" ")
+        return [_peeked(word) for word in words]
 
     async def heartbeat(self, job: str, slot: int, token: str, lease_ms: int) -> bool:
         done = await self._backend.eval(
@@ -728,6 +731,13 @@ class RedisRunStore(LedgerCalls):
             ActiveRun(slot=int(slot), attempt=int(attempt), alive=int(alive) == 1)
             for slot, attempt, alive in rows
         ]
+
+
+def _peeked(word: str) -> ClaimOutcome | None:
+    """One word of RUN_PEEK's answer."""
+    if word == "-":
+        return None
+    return ClaimOutcome.done() if word == "d" else ClaimOutcome.running(int(word[1:]))
 
 
 def _outcome(reply: Any) -> ClaimOutcome:

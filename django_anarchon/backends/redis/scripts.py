@@ -617,9 +617,12 @@ return {'won', 1, cancelled}
 
 # runs.peek_many(): for each run, what RUN_CLAIM would answer a new claim of it where that
 # claim would change nothing (another instance's run with a live lease, or one done and
-# kept), else 0: the claim itself must decide. It reads the same fields, and asks what
+# kept), else that the claim itself must decide. It reads the same fields, and asks what
 # RUN_CLAIM writes first (a larger keep or max_attempts) before any answer.
 # KEYS: the runs. ARGV: per run, its claim's token, max_attempts and keep_ms ('' for none).
+# Answers one word per run, space-separated in one string (read in one go, where an array
+# of arrays costs the client a line read per element): 'r<attempt>' running, 'd' done,
+# '-' the claim decides.
 RUN_PEEK = _script(
     "run_peek",
     r"""
@@ -630,20 +633,20 @@ for i, run in ipairs(KEYS) do
   local st = redis.call('HMGET', run, 'state', 'token', 'attempt', 'lease_until', 'status',
                         'keep_ms', 'max_attempts')
   local stored_max, stored_keep = tonumber(st[7] or ''), tonumber(st[6] or '')
-  local answer = 0
+  local answer = '-'
   if st[1] and stored_max and stored_max >= max_attempts
      and (keep == '' or (stored_keep and tonumber(keep) <= stored_keep)) then
     local attempt = tonumber(st[3])
     if st[1] == 'running' then
-      if st[2] ~= token and tonumber(st[4]) > now then answer = {'running', attempt} end
+      if st[2] ~= token and tonumber(st[4]) > now then answer = 'r' .. attempt end
     elseif not ((st[5] == 'failed' or st[5] == 'interrupted') and attempt < max_attempts)
            and redis.call('PTTL', run) >= 0 then  -- kept: RUN_CLAIM's retain would not move it
-      answer = {'done', 0}
+      answer = 'd'
     end
   end
   out[i] = answer
 end
-return out
+return table.concat(out, ' ')
 """,
 )
 
