@@ -256,6 +256,46 @@ async def test_events_and_django_signals_carry_the_run() -> None:
     assert failure.to_dict()["record"]["status"] == "failed"
 
 
+async def test_an_event_is_built_only_for_those_listening_when_it_happens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 10: a run emits several events; with nobody listening, building each and
+    asking its signal for receivers was a tenth of a worker's time in a burst. A
+    receiver or callback added while the scheduler runs still gets every later one."""
+    from django_anarchon.engine import runner, scheduler
+
+    built: list[str] = []
+
+    class Counted(Event):
+        def __init__(self, **fields: Any) -> None:
+            built.append(fields["name"])
+            super().__init__(**fields)
+
+    monkeypatch.setattr(runner, "Event", Counted)
+    monkeypatch.setattr(scheduler, "Event", Counted)
+    s = Scheduler(MemoryBackend(), instance_id="A")
+    s.every("ok", "1h", lambda ctx: None)
+    await s.arun_now("ok")
+    assert built == []
+    received: list[str] = []
+
+    def receiver(sender: Any, scheduler: Scheduler, event: Event, **kw: Any) -> None:
+        received.append(event.name)
+
+    signals.run_succeeded.connect(receiver)
+    try:
+        await s.arun_now("ok")
+        assert built == received == ["success"]
+        s.on("start", lambda event: received.append(f"callback {event.name}"))
+        await s.arun_now("ok")
+    finally:
+        signals.run_succeeded.disconnect(receiver)
+    assert built == ["success", "start", "success"]
+    assert received == ["success", "callback start", "success"]
+    await s.arun_now("ok")
+    assert built[3:] == ["start"]
+
+
 async def test_raising_handlers_and_callbacks_never_stop_the_scheduler() -> None:
     s = Scheduler(MemoryBackend(), instance_id="A")
     calls = Calls()

@@ -122,6 +122,8 @@ class RunnerHost(Protocol):
 
     def executor(self) -> Executor: ...
 
+    def wants(self, name: EventName) -> bool: ...
+
     async def emit(self, event: Event) -> None: ...
 
 
@@ -299,6 +301,8 @@ class Runner:
         error: str | None = None,
         reason: str | None = None,
     ) -> None:
+        if not self.host.wants(name):
+            return
         await self.host.emit(
             Event(
                 name=name,

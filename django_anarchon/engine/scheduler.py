@@ -492,6 +492,10 @@ class Scheduler(OperatorMixin):
     def off(self, event: str, callback: Callback) -> None:
         self._events.off(event, callback)
 
+    def wants(self, name: EventName) -> bool:
+        """Whether an event of ``name`` reaches anyone (else it need not be built)."""
+        return self._events.wanted(name)
+
     async def emit(self, event: Event) -> None:
         try:
             await self._events.emit(event, Scheduler, self)
@@ -506,6 +510,8 @@ class Scheduler(OperatorMixin):
         error: str | None = None,
         reason: str | None = None,
     ) -> None:
+        if not self._events.wanted(name):
+            return
         await self.emit(
             Event(
                 name=name,
