@@ -541,6 +541,39 @@ async def test_the_claims_that_back_up_other_instances_are_answered_by_a_look() 
     assert {c["by"] for c in after} <= set(schedulers) - {leader}, after
 
 
+async def test_a_look_that_fails_leaves_the_decision_to_the_claims(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The look is not retried: its claims go out at once, and they retry as ever."""
+    backend = MemoryBackend(clock=real_ms)
+    failed: list[int] = []
+
+    async def peek_many(claims: list[RunClaim]) -> list[ClaimOutcome | None]:
+        failed.append(len(claims))
+        raise ConnectionError("the store went away")
+
+    backend.runs.peek_many = peek_many  # type: ignore[method-assign]
+    calls = Calls()
+    schedulers = [Scheduler(backend, instance_id=i) for i in ("A", "B")]
+    for s in schedulers:
+        for n in range(5):
+            s.every(f"job{n}", "100ms",
+                    lambda ctx: calls.add(job=ctx.name, slot=ctx.slot, at=real_ms()))
+    caplog.set_level("INFO", logger="django_anarchon")
+    for s in schedulers:
+        await s.start()
+    try:
+        await wait_for(lambda: len(failed) >= 3 and len(calls) >= 5 * 6, 10, "six slots a job")
+    finally:
+        await stop_all(*schedulers)
+    slots = Counter((c["job"], c["slot"]) for c in calls.items)
+    assert max(slots.values()) == 1, slots
+    for n in range(5):
+        mine = sorted(slot for job, slot in slots if job == f"job{n}")
+        assert mine == list(range(mine[0], mine[0] + 100 * len(mine), 100)), (n, mine)
+    assert "the look failed, claiming: ConnectionError" in caplog.text
+
+
 async def test_a_follower_still_runs_every_slot_once_its_leader_has_gone() -> None:
     """The delay only moves when a claim is sent: with the winner of the job's last slots
     stopped, the other instance wins the next one a delay later and then leads."""

@@ -37,6 +37,7 @@ from ..backends.base import (
 )
 from ..jobs import Job
 from ..logtime import iso
+from ..redact import redact_text
 from ..retry import retry_store_call
 from .calls import error_text
 from .runner import Attempt
@@ -484,16 +485,12 @@ class ClaimFlows:
         if followed and callable(peek):
             looked = [claims[i] for i in followed]
             try:
-                peeked: list[ClaimOutcome | None] = await retry_store_call(
-                    what,
-                    lambda: host.tracing.store(
-                        "peek_many", peek(looked), tokens=[c.token for c in looked]
-                    ),
-                    deadline_ms=deadline,
-                    give_up=lambda: host.stopping,
+                peeked: list[ClaimOutcome | None] = await host.tracing.store(
+                    "peek_many", peek(looked), tokens=[c.token for c in looked]
                 )
-            except Exception:
-                peeked = []  # logged; the claims decide
+            except Exception as exc:  # not retried: the claims decide, and retry
+                logger.info("%s: the look failed, claiming: %s", what, redact_text(repr(exc)))
+                peeked = []
             if len(peeked) == len(followed):
                 for i, answer in zip(followed, peeked, strict=True):
                     answers[i] = answer
