@@ -323,7 +323,6 @@ class MemoryRunStore:
         )
         return outcome
 
-
     def _peek(self, c: RunClaim) -> ClaimOutcome | None:
         """``_claim``'s answer where it would change nothing, else ``None``."""
         now = self._state.now()

@@ -671,9 +671,8 @@ class RedisRunStore(LedgerCalls):
         where the claim must decide. Three short arguments a claim, not thirty."""
         if not claims:
             return []
-        job_key = self._backend.job_key
         calls = [
-            (f"{job_key(c.job)}:r:{c.slot}", (c.token, c.max_attempts, _opt(c.keep_ms)))
+            (self._run_key(c.job, c.slot), (c.token, c.max_attempts, _opt(c.keep_ms)))
             for c in claims
         ]
         if hasattr(self._backend.client(), "get_node_from_key"):
