@@ -10,6 +10,7 @@ import asyncio
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -598,3 +599,92 @@ def test_postgres_claim_many_is_one_round_trip(postgres_database: str) -> None:
     assert [o.kind for o in outcomes] == ["running", "won", "overlap", "won", "late"]
     assert outcomes[1] == ClaimOutcome.won(2)
     assert outcomes[2] == ClaimOutcome.overlap(slot)
+
+
+def test_peek_many_reads_a_batch_in_one_statement_and_writes_nothing(alias: str) -> None:
+    """Issue 10: a burst's backup claims were one claim each (a function call on
+    PostgreSQL, the general path elsewhere); the look reads the whole batch at once."""
+    store = Store(alias)
+    slot = store.now_ms() - 1_000
+    jobs = [_job(f"look{i}") for i in range(60)]
+    store.prepare_jobs(jobs)
+    for i, job in enumerate(jobs[:40]):
+        assert store.run_claim(_claim(job, slot, f"w{i}")) == ClaimOutcome.won(1)
+    for i, job in enumerate(jobs[20:40]):
+        assert store.finish(job, slot, f"w{i + 20}", "success")
+    backups = [_claim(job, slot, f"b{i}", "B") for i, job in enumerate(jobs)]
+    backups.append(_claim(jobs[0], slot + 1, "b-next", "B"))  # another slot of a job read
+    backups.append(_claim(jobs[1], slot, "w1"))  # the winner's own token: a renewal
+    runs_before = sorted(Run.objects.using(alias).filter(job__in=jobs).values_list())
+    attempts_before = RunAttempt.objects.using(alias).filter(job__in=jobs).count()
+    answers, trips = count(alias, lambda: store.peek_many(backups))
+    assert len(trips.statements) == 1 and trips.transactions == 0, trips.statements
+    assert answers == (
+        [ClaimOutcome.running(1)] * 20 + [ClaimOutcome.done()] * 20 + [None] * 20 + [None, None]
+    )
+    assert sorted(Run.objects.using(alias).filter(job__in=jobs).values_list()) == runs_before
+    assert RunAttempt.objects.using(alias).filter(job__in=jobs).count() == attempts_before
+    # What the look answered, the claims answer.
+    claimed = [store.run_claim(c) for c in backups[:40]]
+    assert claimed == answers[:40]
+    assert store.peek_many([]) == []
+
+
+async def test_backups_look_before_they_claim_and_every_slot_runs_once(alias: str) -> None:
+    """Three instances (two through one backend object, one through its own connections)
+    on ten jobs every 300 ms: the claims of the jobs another instance won last are looks,
+    never also claimed; every slot runs once and none is lost, also once an instance has
+    stopped and the others must win its slots."""
+    from django_anarchon.engine import Scheduler
+
+    from .test_engine_support import Calls, real_ms, stop_all, wait_for
+
+    shared, own = DatabaseBackend(using=alias), DatabaseBackend(using=alias)
+    looked: list[tuple[str, str, int, str]] = []
+    claimed: set[tuple[str, str, int]] = set()
+    for backend in (shared, own):
+        real_peek, real_many = backend.runs.peek_many, backend.runs.claim_many
+
+        async def peek_many(claims: list[RunClaim], real: Any = real_peek) -> Any:
+            answers = await real(claims)
+            looked.extend((c.instance_id, c.job, c.slot, a.kind)
+                          for c, a in zip(claims, answers, strict=True) if a is not None)
+            return answers
+
+        async def claim_many(claims: list[RunClaim], real: Any = real_many) -> Any:
+            claimed.update((c.instance_id, c.job, c.slot) for c in claims)
+            return await real(claims)
+
+        backend.runs.peek_many = peek_many  # type: ignore[method-assign]
+        backend.runs.claim_many = claim_many  # type: ignore[method-assign]
+    calls = Calls()
+    prefix = _job("burst")
+    schedulers = {i: Scheduler(b, instance_id=i) for i, b in (("A", shared), ("B", shared),
+                                                              ("C", own))}
+    for s in schedulers.values():
+        for n in range(10):
+            s.every(f"{prefix}-{n}", "300ms",
+                    lambda ctx: calls.add(job=ctx.name, slot=ctx.slot, by=ctx.instance_id))
+    try:
+        for s in schedulers.values():
+            await s.start()
+        await wait_for(lambda: len(looked) >= 30 and len(calls) >= 10 * 4, 15,
+                       "four slots of each job and thirty looks answered")
+        await stop_all(schedulers[calls.items[-1]["by"]])  # one that runs slots
+        gone = real_ms()
+        await wait_for(
+            lambda: len([c for c in calls.items if c["slot"] > gone + 300]) >= 10 * 2, 15,
+            "two slots of each job after the leader stopped",
+        )
+    finally:
+        await stop_all(*schedulers.values())
+        await shared.close()
+        await own.close()
+    slots = Counter((c["job"], c["slot"]) for c in calls.items)
+    assert max(slots.values()) == 1, [k for k, n in slots.items() if n > 1]
+    for n in range(10):  # none lost, before the stop and after it (the stop's own aside)
+        for part in (lambda slot: slot < gone - 300, lambda slot: slot > gone + 300):
+            mine = sorted(slot for job, slot in slots if job == f"{prefix}-{n}" and part(slot))
+            assert mine == list(range(mine[0], mine[0] + 300 * len(mine), 300)), (n, mine)
+    assert {kind for *_, kind in looked} <= {"running", "done"}, looked
+    assert not {(by, job, slot) for by, job, slot, _ in looked} & claimed

@@ -186,6 +186,13 @@ class DatabaseRunStore:
         )
         return outcomes
 
+    async def peek_many(self, claims: list[RunClaim]) -> list[ClaimOutcome | None]:
+        """A look before the claims that only back another instance up (``Store.peek_many``)."""
+        answers: list[ClaimOutcome | None] = await self._backend._store_call(
+            "peek_many", list(claims)
+        )
+        return answers
+
     # A live runner's lease calls go ahead of queued claims (threads.py): behind a burst
     # of claims its heartbeat could otherwise arrive after the lease lapsed.
 

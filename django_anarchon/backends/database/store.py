@@ -123,6 +123,55 @@ def _grown(stored: int | None, claimed: int | None) -> int | None:
     return claimed if stored is None else max(stored, claimed)
 
 
+class _Row(NamedTuple):
+    """What a claim that meets a run reads of it (``_peek`` and ``peek_many``)."""
+
+    pk: int
+    state: str
+    token: str
+    attempt: int
+    lease_until: int
+    keep: int | None
+    attempts: int | None
+    status: str | None
+    slot: int
+    finished: int | None
+
+
+#: ``_Row``'s columns, in its order.
+_ROW_COLUMNS = ("id", "state", "token", "attempt", "lease_until_ms", "keep_ms", "max_attempts",
+                "status", "slot", "finished_at_ms")
+
+
+def _settled(c: RunClaim, run: _Row, now: int) -> ClaimOutcome | None:
+    """The answer of a claim that meets ``run`` where it is settled without a lock:
+    ``done`` for a run won through ``claim()``; ``running`` for another token's live
+    lease; ``done`` for a finished run still remembered that this claim may not retry
+    (the instances that lose a burst of instant runs ask after the winners finished).
+    ``None``: the lock path decides (a takeover, a retry, the same token, a forgotten run).
+    """
+    if run.state == CLAIMED:
+        return ClaimOutcome.done()
+    if run.state == RUNNING and run.token != c.token and run.lease_until > now:
+        return ClaimOutcome.running(int(run.attempt))
+    if (
+        run.state == FINISHED
+        and now <= forget_after_ms(
+            run.slot, run.slot if run.finished is None else run.finished, run.keep
+        )
+        and not (run.status in ("failed", "interrupted") and run.attempt < c.max_attempts)
+    ):
+        return ClaimOutcome.done()
+    return None
+
+
+def _grows(c: RunClaim, run: _Row) -> bool:
+    """Whether the claim raises the run's ``keep_ms`` or ``max_attempts`` (a write)."""
+    return run.state != CLAIMED and (run.keep, run.attempts) != (
+        _grown(run.keep, c.keep_ms), _grown(run.attempts, c.max_attempts)
+    )
+
+
 def _forget_after() -> Any:
     """``forget_after_ms(slot, finished_at, keep_ms)`` as an ORM expression on ``Run``."""
     big = BigIntegerField()
@@ -623,11 +672,7 @@ class Store:
         """
         connection = connections[self.using]
         quote = connection.ops.quote_name
-        columns = ", ".join(
-            f"r.{quote(name)}"
-            for name in ("id", "state", "token", "attempt", "lease_until_ms", "keep_ms",
-                         "max_attempts", "status", "slot", "finished_at_ms")
-        )
+        columns = ", ".join(f"r.{quote(name)}" for name in _ROW_COLUMNS)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT {now_ms_sql(self.vendor)}, {columns}, l.{quote('paused_at_ms')}, "
@@ -641,10 +686,8 @@ class Store:
                 [c.job, c.slot, c.job, c.job, c.slot],
             )
             row = cursor.fetchone()
-        (now, pk, state, token, attempt, lease_until, keep, attempts, status, slot, finished,
-         paused, until, mark) = row
-        now = int(now)
-        if pk is None:
+        now, paused, until, mark = int(row[0]), row[-3], row[-2], row[-1]
+        if row[1] is None:
             if now < c.slot:
                 return Peek(ClaimOutcome.early(c.slot - now), now)
             if c.reason == "backfill" or (
@@ -656,23 +699,51 @@ class Store:
                     return Peek(ClaimOutcome.late(now - c.slot), now)
                 return Peek("lock", now)
             return Peek("insert", now)
-        if state == CLAIMED:
-            return Peek(ClaimOutcome.done(), now)  # won through claim()
-        running = state == RUNNING and token != c.token and lease_until > now
-        # Done, as the lock path would answer: finished, still remembered, and no retry
-        # for this claim (the instances that lose a burst of instant runs ask after the
-        # winners have finished).
-        done = (
-            state == FINISHED
-            and now <= forget_after_ms(slot, slot if finished is None else finished, keep)
-            and not (status in ("failed", "interrupted") and attempt < c.max_attempts)
-        )
-        if not (running or done):
+        run = _Row(*row[1:-3])
+        answer = _settled(c, run, now)
+        if answer is None:
             return Peek("lock", now)
-        if (keep, attempts) != (_grown(keep, c.keep_ms), _grown(attempts, c.max_attempts)):
-            self._grow(pk, c)
-        return Peek(ClaimOutcome.running(int(attempt)) if running else ClaimOutcome.done(),
-                    now)
+        if _grows(c, run):
+            self._grow(run.pk, c)
+        return Peek(answer, now)
+
+    def peek_many(self, claims: list[RunClaim]) -> list[ClaimOutcome | None]:
+        """What each claim would be answered where it would change nothing, else ``None``:
+        one read of the batch's runs, no lock, no write, no wait on another's insert.
+
+        The engine sends it for the claims that only back another instance up (a burst's
+        losers): each was a claim function call (or, off PostgreSQL, the general path);
+        most answer ``running`` or ``done`` here. A claim that would raise the run's
+        ``keep_ms`` or ``max_attempts`` is left to the claim, which writes them.
+        """
+        if not claims:
+            return []
+        connection = connections[self.using]
+        quote = connection.ops.quote_name
+        jobs, slots = sorted({c.job for c in claims}), sorted({c.slot for c in claims})
+        columns = ", ".join(f"r.{quote(name)}" for name in ("job", *_ROW_COLUMNS))
+        with connection.cursor() as cursor:
+            # job IN (...) AND slot IN (...): the (job, slot) index answers it; the pairs
+            # no claim asked for (a job's other slots of the batch) are dropped below.
+            cursor.execute(
+                f"SELECT {now_ms_sql(self.vendor)}, {columns} "
+                f"FROM {quote(Run._meta.db_table)} r "
+                f"WHERE r.{quote('job')} IN ({', '.join(['%s'] * len(jobs))}) "
+                f"AND r.{quote('slot')} IN ({', '.join(['%s'] * len(slots))})",
+                [*jobs, *slots],
+            )
+            rows = cursor.fetchall()
+        found = {(row[1], int(row[10])): (int(row[0]), _Row(*row[2:])) for row in rows}
+        answers: list[ClaimOutcome | None] = []
+        for c in claims:
+            seen = found.get((c.job, c.slot))
+            if seen is None:
+                answers.append(None)
+                continue
+            now, run = seen
+            answer = _settled(c, run, now)
+            answers.append(None if answer is None or _grows(c, run) else answer)
+        return answers
 
     def _grow(self, pk: int, c: RunClaim) -> None:
         """Raise a run's ``keep_ms`` and ``max_attempts`` to the claim's; never lower them.
