@@ -688,3 +688,153 @@ async def test_backups_look_before_they_claim_and_every_slot_runs_once(alias: st
             assert mine == list(range(mine[0], mine[0] + 300 * len(mine), 300)), (n, mine)
     assert {kind for *_, kind in looked} <= {"running", "done"}, looked
     assert not {(by, job, slot) for by, job, slot, _ in looked} & claimed
+
+
+def _batch_scenario(store: Store, label: str, slot: int) -> list[RunClaim]:
+    """Every kind of claim a batch can hold, with the runs, marks and pauses they meet."""
+    from django_anarchon.models import LedgerMark
+
+    def job(name: str) -> str:
+        return f"dbtest-{label}-{name}"
+
+    names = ["new-skip", "new-allow", "busy", "busy-marked", "sweep", "paused", "late",
+             "early", "twice", "running", "mine", "allow-busy", "done"]
+    store.prepare_jobs([job(n) for n in names])
+    for name in ("busy", "busy-marked", "allow-busy"):  # a live run of an earlier slot
+        assert store.run_claim(_claim(job(name), slot - 1_000, "old", "X")).kind == "won"
+    LedgerMark.objects.using(store.using).create(
+        job=job("busy-marked"), slot=slot, last_slot=slot, fate="skipped", reason="overlap",
+        at_ms=slot, instance_id="X",
+    )
+    lapsed = _claim(job("sweep"), slot - 1_000, "old", "X", lease_ms=1, max_attempts=1)
+    assert store.run_claim(lapsed).kind == "won"
+    store.ledger.pause(job("paused"), "note", "tester", None)
+    for name in ("running", "mine", "done"):
+        assert store.run_claim(_claim(job(name), slot, "held", "X")).kind == "won"
+    assert store.finish(job("done"), slot, "held", "success")
+    deadline = time.monotonic() + 5
+    while store.active(job("sweep"))[0].alive:  # the server's clock, past a 1 ms lease
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    return [
+        _claim(job("new-skip"), slot, "t1", overlap="skip"),
+        _claim(job("new-allow"), slot, "t2", overlap="allow"),
+        _claim(job("busy"), slot, "t3", overlap="skip"),
+        _claim(job("busy-marked"), slot, "t4", overlap="skip"),
+        _claim(job("sweep"), slot, "t5", overlap="skip"),
+        _claim(job("paused"), slot, "t6", overlap="skip"),
+        _claim(job("late"), slot - 60_000, "t7", overlap="skip", max_late_ms=10_000),
+        _claim(job("early"), slot + 3_600_000, "t8", overlap="skip"),
+        _claim(job("twice"), slot - 500, "t9", overlap="skip"),
+        _claim(job("twice"), slot, "t10", overlap="skip"),
+        _claim(job("running"), slot, "t11", overlap="skip"),
+        _claim(job("mine"), slot, "held", "X", overlap="skip"),
+        _claim(job("allow-busy"), slot, "t12", overlap="allow"),
+        _claim(job("done"), slot, "t13", overlap="skip"),
+    ]
+
+
+def _what_is_stored(alias: str, label: str, slot: int) -> list[tuple[Any, ...]]:
+    prefix = f"dbtest-{label}-"
+    runs = Run.objects.using(alias).filter(job__startswith=prefix).values_list(
+        "job", "slot", "attempt", "token", "instance_id", "state", "status", "reason",
+        "keep_ms", "max_attempts",
+    )
+    attempts = RunAttempt.objects.using(alias).filter(job__startswith=prefix).values_list(
+        "job", "slot", "instance_id", "attempt", "reason", "status", "error",
+    )
+    return sorted(
+        ("run", row[0].removeprefix(prefix), row[1] - slot, *row[2:]) for row in runs
+    ) + sorted(
+        ("attempt", row[0].removeprefix(prefix), row[1] - slot, *row[2:]) for row in attempts
+    )
+
+
+@pytest.mark.postgres
+def test_postgres_a_batch_decided_set_based_answers_and_stores_what_one_by_one_did(
+    postgres_database: str,
+) -> None:
+    """Migration 0010: ``anarchon_run_claim_many_v5`` decides a batch's new runs together
+    (one insert, one lock of their jobs, one read of their other runs, one insert of
+    their history rows); on every kind of claim a batch holds, it answers what v4 did
+    one claim at a time, and leaves the same runs and history rows."""
+    from django_anarchon.backends.database import postgres
+
+    store = Store(postgres_database)
+    assert store._use_functions() and store._batch
+    connection = connections[postgres_database]
+    slot = store.now_ms() - 2_000
+    label = uuid.uuid4().hex[:8]
+    answers = {}
+    for version in ("v4", "v5"):
+        claims = _batch_scenario(store, f"{label}{version}", slot)
+        answers[version] = postgres.run_claim_many(
+            connection, claims, v4=True, v5=version == "v5"
+        )
+    def shape(outcome: ClaimOutcome | None) -> Any:  # early's wait is the server's now
+        return outcome and (outcome.kind, outcome.attempt, outcome.slot)
+
+    assert [shape(o) for o in answers["v5"]] == [shape(o) for o in answers["v4"]]
+    assert [shape(o) for o in answers["v5"]] == [
+        ("won", 1, None), ("won", 1, None),
+        None, ("overlap", None, slot - 1_000),  # an overlap that owes its mark: lock path
+        ("won", 1, None), None,  # the sweep's winner; a paused job: the lock path
+        None, ("early", None, None),  # late, owing its mark: the lock path
+        ("won", 1, None), None,  # a job twice: one by one, the second an overlap owing a mark
+        ("running", 1, None), ("won", 1, None), ("won", 1, None), ("done", None, None),
+    ], answers
+    assert _what_is_stored(postgres_database, f"{label}v5", slot) == _what_is_stored(
+        postgres_database, f"{label}v4", slot
+    )
+
+
+@pytest.mark.postgres
+def test_postgres_without_migration_0010_claims_batches_through_v4(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A database not migrated to 0010 yet (a rolling deploy): batches through v4."""
+    from django_anarchon.backends.database import postgres
+
+    monkeypatch.setattr(postgres, "_SIGNATURES_0010", ("anarchon_not_there_v9(text)",))
+    store = Store(postgres_database)
+    slot = _now_ms() - 1000
+    jobs = [_job(f"no0010-{i}") for i in range(3)]
+    claims = [_claim(job, slot, f"t{i}", overlap="skip") for i, job in enumerate(jobs)]
+    outcomes, trips = count(postgres_database, lambda: store.run_claim_many(claims))
+    assert outcomes == [ClaimOutcome.won(1)] * 3
+    assert "migration 0010's PostgreSQL function is missing" in caplog.text
+    assert any("anarchon_run_claim_many_v4" in sql for sql, _ in trips.statements)
+
+
+@pytest.mark.postgres
+async def test_postgres_batches_race_through_separate_connections_and_one_backend_object(
+    postgres_database: str,
+) -> None:
+    """Migration 0010's set-based batches, raced: twelve claimers each send the same
+    batch of 40 new runs (40 jobs, one slot) at once, six through backend objects of
+    their own and six through one shared object (its four connection threads), 25 times
+    over. Each run is won exactly once; every other claimer hears ``running(1)``."""
+    shared = DatabaseBackend(using=postgres_database)
+    own = [DatabaseBackend(using=postgres_database) for _ in range(6)]
+    claimers = [*own, *[shared] * 6]
+    slot = _now_ms() - 1_000
+    try:
+        for round_ in range(25):
+            jobs = [_job(f"race{round_}-{i}") for i in range(40)]
+            await shared.prepare_jobs([(job, 10) for job in jobs])
+            batches = [
+                [_claim(job, slot, f"t{c}-{job}", f"I{c}", overlap="skip") for job in jobs]
+                for c in range(len(claimers))
+            ]
+            answers = await asyncio.gather(*(
+                backend.runs.claim_many(batch)  # type: ignore[union-attr]
+                for backend, batch in zip(claimers, batches, strict=True)
+            ))
+            for i, job in enumerate(jobs):
+                kinds = sorted((a[i].kind, a[i].attempt) for a in answers)
+                assert kinds == [("running", 1)] * 11 + [("won", 1)], (round_, job, kinds)
+            stored = Run.objects.using(postgres_database).filter(job__in=jobs)
+            assert await asyncio.to_thread(stored.count) == 40
+    finally:
+        for backend in {*claimers}:
+            await backend.close()

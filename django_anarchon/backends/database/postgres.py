@@ -61,6 +61,8 @@ RUN_CLAIM_MANY_V4_SQL = (
     "%s::bigint[], %s::text[], %s::boolean[], %s::bigint[], %s::bigint[], %s::integer[], "
     "%s::bigint, %s::bigint)"
 )
+#: Migration 0010's: a batch's new runs decided set-based, the rest through v4 one by one.
+RUN_CLAIM_MANY_V5_SQL = RUN_CLAIM_MANY_V4_SQL.replace("_many_v4(", "_many_v5(")
 FINISH_MANY_SQL = (
     "SELECT o_index, o_finished FROM anarchon_finish_many_v1(%s::text[], %s::bigint[], "
     "%s::text[], %s::text[], %s::text[], %s::integer[], %s::boolean[], %s::text[], "
@@ -75,6 +77,10 @@ _SIGNATURES_0009 = (
     "anarchon_run_claim_many_v4(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
     " bigint[], bigint[], integer[], bigint, bigint)",
 )
+_SIGNATURES_0010 = (
+    "anarchon_run_claim_many_v5(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
+    " bigint[], bigint[], integer[], bigint, bigint)",
+)
 #: What this release calls; a database not migrated to 0008 lacks the v3 functions, and
 #: every claim then takes the general path (which honours pauses too).
 _SIGNATURES = (
@@ -86,18 +92,23 @@ _SIGNATURES = (
 )
 
 
-def functions_installed(connection: BaseDatabaseWrapper) -> tuple[bool, bool]:
+def functions_installed(connection: BaseDatabaseWrapper) -> tuple[bool, bool, bool]:
     """Whether this release's functions are there: those up to migration 0008 (else every
-    claim takes the general path), and 0009's (else claims go through v3, ends through
-    the ORM). One statement."""
-    signatures = [*_SIGNATURES, *_SIGNATURES_0009]
+    claim takes the general path), 0009's (else claims go through v3, ends through the
+    ORM), and 0010's (else batches of claims go through v4). One statement."""
+    groups = (_SIGNATURES, _SIGNATURES_0009, _SIGNATURES_0010)
+    signatures = [signature for group in groups for signature in group]
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT " + ", ".join("to_regprocedure(%s) IS NOT NULL" for _ in signatures),
             signatures,
         )
-        row = cursor.fetchone()
-    return all(row[: len(_SIGNATURES)]), all(row[len(_SIGNATURES) :])
+        row = list(cursor.fetchone())
+    found = []
+    for group in groups:
+        found.append(all(row[: len(group)]))
+        row = row[len(group) :]
+    return found[0], found[1], found[2]
 
 
 def _call(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> tuple[Any, ...]:
@@ -173,12 +184,13 @@ def _args(c: RunClaim) -> list[Any]:
 
 
 def run_claim_many(
-    connection: BaseDatabaseWrapper, claims: list[RunClaim], v4: bool = False
+    connection: BaseDatabaseWrapper, claims: list[RunClaim], v4: bool = False, v5: bool = False
 ) -> list[ClaimOutcome | None]:
     """Every claim of the batch in one round trip; ``None`` where the lock path decides.
 
     The batch goes in (job, slot) order, so batches of different instances take their
-    locks in the same order and never wait for each other in a circle.
+    locks in the same order and never wait for each other in a circle. ``v5`` (migration
+    0010, which implies 0009's v4): the batch's new runs are decided set-based.
     """
     if not claims:
         return []
@@ -186,7 +198,8 @@ def run_claim_many(
     # One array per argument of the single-claim function, in batch order.
     per_claim = [_args(claims[i]) for i in order]
     params: list[Any] = [list(column) for column in zip(*per_claim, strict=True)]
-    rows = _rows(connection, *_versioned(params, v4, RUN_CLAIM_MANY_SQL, RUN_CLAIM_MANY_V4_SQL))
+    many_v4 = RUN_CLAIM_MANY_V5_SQL if v5 else RUN_CLAIM_MANY_V4_SQL
+    rows = _rows(connection, *_versioned(params, v4 or v5, RUN_CLAIM_MANY_SQL, many_v4))
     outcomes: list[ClaimOutcome | None] = [None] * len(claims)
     for index, kind, attempt, slot, now, marked in rows:
         original = order[int(index) - 1]

@@ -207,6 +207,7 @@ class Store:
         self.fast_path = fast_path and self.vendor == "postgresql"
         self._functions_checked = False
         self._latest = False
+        self._batch = False
         self._write_lock: threading.RLock | None = None
         if self.vendor == "sqlite":
             self._write_lock = _sqlite_lock(str(connections[using].settings_dict["NAME"]))
@@ -273,7 +274,7 @@ class Store:
     def _use_functions(self) -> bool:
         if self.fast_path and not self._functions_checked:
             self._functions_checked = True
-            installed, latest = self._retrying(
+            installed, latest, batch = self._retrying(
                 lambda: postgres.functions_installed(connections[self.using])
             )
             if not installed:
@@ -288,7 +289,13 @@ class Store:
                     "database backend: migration 0009's PostgreSQL functions are missing on "
                     "%r; claims use the v3 functions and runs end through the ORM", self.using,
                 )
+            elif not batch:
+                logger.warning(
+                    "database backend: migration 0010's PostgreSQL function is missing on "
+                    "%r; batches of claims are decided one claim at a time", self.using,
+                )
             self._latest = installed and latest
+            self._batch = self._latest and batch
         return self.fast_path
 
     def _v4(self) -> bool:
@@ -627,9 +634,9 @@ class Store:
         ]
         if len(fresh) < 2 or not self._use_functions():
             return [self.run_claim(c) for c in claims]
-        v4 = self._v4()
+        v4, v5 = self._v4(), self._use_functions() and self._batch
         decided = self._retrying(
-            lambda: postgres.run_claim_many(connections[self.using], fresh, v4)
+            lambda: postgres.run_claim_many(connections[self.using], fresh, v4, v5)
         )
         answers = dict(zip(map(id, fresh), decided, strict=True))
         outcomes: list[ClaimOutcome] = []
