@@ -96,19 +96,15 @@ def functions_installed(connection: BaseDatabaseWrapper) -> tuple[bool, bool, bo
     """Whether this release's functions are there: those up to migration 0008 (else every
     claim takes the general path), 0009's (else claims go through v3, ends through the
     ORM), and 0010's (else batches of claims go through v4). One statement."""
-    groups = (_SIGNATURES, _SIGNATURES_0009, _SIGNATURES_0010)
-    signatures = [signature for group in groups for signature in group]
+    signatures = [*_SIGNATURES, *_SIGNATURES_0009, *_SIGNATURES_0010]
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT " + ", ".join("to_regprocedure(%s) IS NOT NULL" for _ in signatures),
             signatures,
         )
-        row = list(cursor.fetchone())
-    found = []
-    for group in groups:
-        found.append(all(row[: len(group)]))
-        row = row[len(group) :]
-    return found[0], found[1], found[2]
+        row = cursor.fetchone()
+    a, b = len(_SIGNATURES), len(_SIGNATURES) + len(_SIGNATURES_0009)
+    return all(row[:a]), all(row[a:b]), all(row[b:])
 
 
 def _call(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> tuple[Any, ...]:

@@ -634,7 +634,7 @@ class Store:
         ]
         if len(fresh) < 2 or not self._use_functions():
             return [self.run_claim(c) for c in claims]
-        v4, v5 = self._v4(), self._use_functions() and self._batch
+        v4, v5 = self._v4(), self._batch
         decided = self._retrying(
             lambda: postgres.run_claim_many(connections[self.using], fresh, v4, v5)
         )
