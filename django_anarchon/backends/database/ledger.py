@@ -2,12 +2,12 @@
 
 Marks are rows of ``LedgerMark``; a job's pause, its schedule fingerprint and since when
 it has had it are nullable columns of its ``JobLock`` row. Every write of a mark happens
-under the job's lock row (``Store._lock_job``), so that the test "no mark of the job
+under the job's lock row (``Tables._lock_job``), so that the test "no mark of the job
 reaches into these slots" and the insert are one step against every other writer: the
 claims of the job, ``mark_skipped`` and ``mark_missed``. Times are the server's clock.
 
 The claim rules that use these (paused, backfill ``done``, the skip marks) live in
-``store.py``, in the claim's own transaction; this module holds the SQL they share.
+``locked.py``, in the claim's own transaction; this module holds the SQL they share.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..base import PauseState, SlotMark
 from .clock import ServerNowMs
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .tables import Tables
 
 __all__ = ["JobRow", "Ledger"]
 
@@ -68,9 +68,9 @@ def _too_long(job: str, option: str, value: str, most: int) -> None:
 
 
 class Ledger:
-    """The ledger operations of one ``Store`` (its alias, locks and retries)."""
+    """The ledger operations of one store (its alias, locks and retries)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Tables) -> None:
         self.store = store
         self.using = store.using
 
@@ -109,7 +109,7 @@ class Ledger:
     def prune(self, job: str, now: int, history_size: int, history_ttl_ms: int | None) -> None:
         """The newest ``history_size`` marks by slot stay, none whose last slot is older
         than ``now - history_ttl_ms``: one read of the cut, one ``DELETE``."""
-        from .store import _delete
+        from .tables import _delete
 
         marks = self._marks().filter(job=job)
         if history_size <= 0:

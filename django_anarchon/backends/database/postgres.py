@@ -3,7 +3,7 @@
 ``anarchon_claim_v1`` (migration 0001) decides ``claim()``; ``anarchon_run_claim_v3``
 (migration 0008) decides the common cases of ``runs.claim()`` (a new run, with the sweep;
 a claim before its slot; the same token again; a live lease) and answers ``'other'`` for
-the rest, which then take the general lock path in ``store.py``. Each is one ``SELECT``
+the rest, which then take the general lock path in ``locked.py``. Each is one ``SELECT``
 in autocommit mode: no BEGIN, no COMMIT, one round trip. The ``*_v1`` and ``*_v2`` run
 functions stay installed for the previous releases during a rolling deploy; this release
 calls v2 only through v3.
