@@ -1,11 +1,11 @@
-"""The claim flows: from a due slot to a won attempt, on every kind of store.
+"""The claim flows: from a due slot to its claim, on every kind of store.
 
-``Scheduler`` owns the jobs, the timer and the lifecycle; this module owns what happens
-between "a slot fell due" and "an attempt runs here": the claim-only flow, the lease
-flow and the answers it follows (won, running, overlap, late, early, done), watching
-another instance's run and taking it over, catch-up at start, claims batched with
-``claim_many``, the hand-back of a claim won while stopping, and back-pressure (an
-instance claims only what its handler pool can start now).
+``Scheduler`` owns the jobs, the timer and the lifecycle; this module owns when due
+slots are claimed and which go together: claims batched with ``claim_many`` (after a
+look at the runs another instance won), slots held back behind another instance's last
+win or a run still ending here, slots queued while the handler pool is full
+(back-pressure), catch-up at start and backfills. What a claim's answer leads to (a run
+here, a watch, a takeover, a hand-back) is ``answers.py``.
 
 Every lateness, lease and catch-up decision is the store's: claims carry ``max_late_ms``
 and the store answers ``late`` or ``early`` on its own clock. The worker's clock only
@@ -15,39 +15,30 @@ chooses when to ask.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import secrets
 import time
 import zlib
 from collections import Counter
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from ..backends.base import (
-    BUFFER_WAIT_CAP_MS,
-    ClaimInput,
     ClaimOutcome,
     OverlapPolicy,
     RunClaim,
-    RunReason,
-    Wakeup,
-    cancel_reason,
 )
 from ..jobs import Job
 from ..logtime import iso
 from ..redact import redact_text
 from ..retry import retry_store_call
-from .calls import error_text
-from .runner import Attempt
+from .answers import Answer, ClaimAnswers
 from .timer import now_ms
-from .wake import released_key, send_wakeup
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
 
-__all__ = ["CLAIM_MANY_CHUNK", "Capacity", "ClaimFlows"]
+__all__ = ["CLAIM_MANY_CHUNK", "ClaimFlows"]
 
 logger = logging.getLogger("django_anarchon")
 
@@ -55,13 +46,6 @@ logger = logging.getLogger("django_anarchon")
 #: what a batch inserts (PostgreSQL) commits it before another instance's batch of the
 #: same slots has waited long on it.
 CLAIM_MANY_CHUNK = 200
-#: An instance whose pool is full waits this long per queued run before it claims anyway,
-#: so that instances with free threads win first...
-BACKLOG_DELAY_MS = 100
-#: ...but never longer than this fraction of the job's ``max_late``.
-BACKLOG_MAX_SHARE = 0.5
-#: Longest single wait on an ``early`` answer before asking again.
-EARLY_WAIT_CAP_MS = 30_000
 #: How often a catch-up slot that met another run of its job asks again.
 CATCH_UP_OVERLAP_POLL_S = 1.0
 #: A job whose last slot another instance won, or whose handler still runs here, is
@@ -73,77 +57,6 @@ FOLLOW_MAX_SHARE = 0.25
 #: claimed once it has (its run would otherwise still be ``running`` there), waiting at
 #: most this share of the job's ``max_late``.
 ENDING_MAX_SHARE = 0.5
-
-
-def new_token() -> str:
-    return secrets.token_hex(16)
-
-
-class Answer(NamedTuple):
-    """A lease store's answer to a claim, and when the claim was sent (``time.monotonic()``).
-
-    The lease it grants started no earlier than ``asked``: the runner renews a lease whose
-    answer waited before it starts the handler (``engine/runner.py``).
-    """
-
-    outcome: ClaimOutcome
-    asked: float
-
-
-class Capacity:
-    """How many sync handlers this instance can start now: its pool's free threads.
-
-    A unit is held by each sync attempt until its user code has returned, and by each
-    sync claim waiting for its answer, so an instance whose pool is full claims later
-    than idle ones, and they win the slot (back-pressure).
-    """
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-        self.used = 0
-        self._freed = asyncio.Event()
-
-    @property
-    def free(self) -> int:
-        return self.threads - self.used
-
-    @property
-    def backlog(self) -> int:
-        """How many runs this instance would have waiting for a thread with one more."""
-        return max(self.used + 1 - self.threads, 0)
-
-    def take(self, n: int = 1) -> None:
-        self.used += n
-
-    def give(self, n: int = 1) -> None:
-        self.used = max(self.used - n, 0)
-        self._freed.set()
-
-    @contextlib.contextmanager
-    def holding(self, n: int = 1) -> Iterator[None]:
-        self.take(n)
-        try:
-            yield
-        finally:
-            self.give(n)
-
-    def nudge(self) -> None:
-        """Wake ``freed()`` as a unit given back would."""
-        self._freed.set()
-
-    async def freed(self, timeout_s: float) -> None:
-        """Wait for the next unit given back (or a nudge), at most ``timeout_s``."""
-        self._freed.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(timeout_s, 0.0)):
-                await self._freed.wait()
-
-    async def admit(self, limit_s: float) -> None:
-        """Wait until a thread is free, at most ``limit_s`` (the caller then claims anyway)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit_s
-        while self.backlog and (left := deadline - loop.time()) > 0:
-            await self.freed(left)
 
 
 def _nothing_to_follow(job: Job, outcome: ClaimOutcome) -> bool:
@@ -168,29 +81,19 @@ class _Held:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class ClaimFlows:
+class ClaimFlows(ClaimAnswers):
     """The claim flows of one scheduler (its host)."""
 
     def __init__(self, host: Scheduler) -> None:
-        self.host = host
-        self.capacity = Capacity(host.threads)
-        #: (job, slot) runs of other instances that a task of this one watches.
-        self.watching: set[tuple[str, int]] = set()
+        super().__init__(host)
         self._batch: list[tuple[Job, int]] = []
         self._batch_pending = False
         #: Sync slots that fell due while the pool was full, with the ``time.monotonic()``
         #: by which each is claimed anyway; one task drains them (``_drain_overflow``).
         self._overflow: list[tuple[Job, int, float]] = []
         self._draining = False
-        #: job -> set when a run of it ends here: its buffered slots claim again at once.
-        self._ended: dict[str, asyncio.Event] = {}
-        #: job -> how many of its runs ended here (a run that ended while a claim was on
-        #: its way wakes that claim too).
-        self._ends: dict[str, int] = {}
         #: Jobs whose start-up catch-up is still claiming: the ledger's look waits for them.
         self.catching_up: set[str] = set()
-        #: Jobs whose last scheduled slot another instance won: claimed a little later.
-        self._followed: set[str] = set()
         #: job -> how many of its runs here are still in user code: claimed a little later.
         self._busy: Counter[str] = Counter()
         #: job -> how many of its runs here have left user code but not had their end
@@ -200,14 +103,10 @@ class ClaimFlows:
         self._held: dict[str, _Held] = {}
 
     def reset(self) -> None:
-        self.capacity = Capacity(self.host.threads)
-        self.watching.clear()
+        super().reset()
         self.catching_up.clear()
         self._batch, self._batch_pending = [], False
         self._overflow, self._draining = [], False
-        self._ended.clear()
-        self._ends.clear()
-        self._followed.clear()
         self._busy.clear()
         self._ending.clear()
         for held in self._held.values():
@@ -240,60 +139,6 @@ class ClaimFlows:
                 del self._ending[job]
                 if job in self._held:
                     self._check_held(job)
-
-    async def _wait_turn(self, job: Job, wait_ms: int, ends: int) -> bool:
-        """Wait for a buffered slot's turn: a run of the job ending here, or ``wait_ms``.
-
-        ``ends``: the job's count of ended runs when the claim went out; a run that ended
-        since then ends the wait at once. ``True`` if a stop began (the store keeps the
-        slot held for the backups).
-        """
-        if self._ends.get(job.name, 0) != ends:
-            return self.host.stopping
-        event = self._ended.setdefault(job.name, asyncio.Event())
-        ended = asyncio.ensure_future(event.wait())
-        stopping = asyncio.ensure_future(self.host.wait_stopping(wait_ms / 1000))
-        try:
-            await asyncio.wait({ended, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ended.cancel()
-            stopping.cancel()
-        return self.host.stopping
-
-    # -- building claims --------------------------------------------------------------
-
-    def run_claim(
-        self, job: Job, slot: int, reason: RunReason, max_late_ms: int | None
-    ) -> RunClaim:
-        o = job.options
-        return RunClaim(
-            job=job.name,
-            slot=slot,
-            token=new_token(),
-            instance_id=self.host.instance_id,
-            history_size=o.history_size,
-            history_ttl_ms=o.history_ttl_ms,
-            mode="new",
-            reason=reason,
-            lease_ms=self.host.lease_ms,
-            overlap=o.overlap,
-            max_attempts=o.max_attempts,
-            max_late_ms=max_late_ms,
-            keep_ms=o.keep_ms,
-            buffer_limit=o.buffer_limit,
-        )
-
-    def claim_input(self, job: Job, slot: int) -> ClaimInput:
-        return ClaimInput(
-            job=job.name,
-            slot=slot,
-            token=new_token(),
-            instance_id=self.host.instance_id,
-            history_size=job.options.history_size,
-            history_ttl_ms=job.options.history_ttl_ms,
-        )
-
-    # -- due slots --------------------------------------------------------------------
 
     def due(self, job: Job, slot: int) -> None:
         """A slot fell due (the timer fired): claims due together go out together.
@@ -355,15 +200,6 @@ class ClaimFlows:
         for slot in held.slots:
             self._due_now(held.job, slot)
 
-    def _note_winner(self, job: Job, claim: RunClaim, outcome: ClaimOutcome) -> None:
-        """Remember whether this instance or another won a scheduled slot of ``job``."""
-        if claim.reason != "scheduled" or claim.mode != "new":
-            return
-        if outcome.kind == "won":
-            self._followed.discard(job.name)
-        elif outcome.kind in ("running", "done"):
-            self._followed.add(job.name)
-
     def _due_now(self, job: Job, slot: int) -> None:
         self._batch.append((job, slot))
         if not self._batch_pending:
@@ -423,11 +259,6 @@ class ClaimFlows:
 
     def _spread(self, job: str) -> int:
         return zlib.crc32(f"{self.host.instance_id}\0{job}".encode())
-
-    def _backlog_s(self, job: Job) -> float:
-        """How long a sync claim waits for a free thread before it goes out anyway."""
-        backlog = self.capacity.backlog
-        return min(BACKLOG_DELAY_MS * backlog, job.options.max_late_ms * BACKLOG_MAX_SHARE) / 1000
 
     async def _drain_overflow(self) -> None:
         """Claim the slots that fell due while the pool was full: as many as there are
@@ -707,307 +538,3 @@ class ClaimFlows:
                 return Answer(outcome, asked)
             if await host.wait_stopping(CATCH_UP_OVERLAP_POLL_S):
                 return None
-
-    async def _admit(self, job: Job, admitted: bool = False) -> int:
-        """Back-pressure before a claim (unless ``admitted`` by the queue of slots waiting
-        for a thread): the capacity units the claim will hold (0 or 1)."""
-        if job.is_async:
-            return 0
-        if not admitted:
-            await self.capacity.admit(self._backlog_s(job))
-        return 1
-
-    # -- claim-only stores ------------------------------------------------------------
-
-    async def _claim_only(
-        self, job: Job, slot: int, claim: ClaimInput | None = None, won: bool | None = None,
-        admitted: bool = False,
-    ) -> None:
-        """Claim on a store without leases (unless ``won`` is known) and run on a win."""
-        host = self.host
-        claim = claim or self.claim_input(job, slot)
-        what = (
-            f"scheduler {host.name} ({host.instance_id}): claim of job {job.name} "
-            f"slot {iso(slot)}"
-        )
-        if won is None:
-            units = await self._admit(job, admitted)
-            if host.stopping:
-                return  # held back until the stop began: not claimed
-            try:
-                with self.capacity.holding(units):
-                    won = await retry_store_call(
-                        what,
-                        lambda: host.tracing.store(
-                            "claim", host.backend.claim(claim), job=job.name, slot=slot,
-                            token=claim.token,
-                        ),
-                        deadline_ms=slot + job.options.max_late_ms,
-                        give_up=lambda: host.stopping,
-                    )
-            except Exception as exc:
-                await host.emit_event("error", job, slot, error=error_text(exc), reason="claim")
-                if not host.stopping:
-                    await host.emit_event("skip", job, slot, reason="late")
-                return
-        await host.emit_event("claim", job, slot, reason="won" if won else "lost")
-        if not won:
-            return
-        record_claim = getattr(host.backend, "record_claim", None)
-        if callable(record_claim):
-            try:
-                await retry_store_call(
-                    f"{what}: record_claim",
-                    lambda: host.tracing.store(
-                        "record_claim", record_claim(claim), job=job.name, slot=slot,
-                        token=claim.token,
-                    ),
-                    deadline_ms=now_ms() + 30_000,
-                )
-            except Exception as exc:
-                await host.emit_event(
-                    "error", job, slot, error=error_text(exc), reason="record_claim"
-                )
-        await host.run_attempt(
-            Attempt(job=job, slot=slot, attempt=1, reason="scheduled", token=claim.token)
-        )
-
-    # -- lease stores -----------------------------------------------------------------
-
-    async def _send_claim(
-        self, job: Job, claim: RunClaim, deadline_ms: int, admitted: bool = False
-    ) -> ClaimOutcome | None:
-        """One claim, retried with the same token; ``None`` if the store never answered.
-
-        A sync job's claim waits first while this instance's pool is full, for longer the
-        fuller it is, so that instances with free threads win (back-pressure).
-        """
-        host = self.host
-        runs = host.backend.runs
-        assert runs is not None
-        what = (
-            f"scheduler {host.name} ({host.instance_id}): {claim.mode} claim of job {claim.job} "
-            f"slot {iso(claim.slot)}"
-        )
-        units = await self._admit(job, admitted)
-        if host.stopping:
-            return None  # held back until the stop began: a stopping instance claims nothing
-        try:
-            with self.capacity.holding(units):
-                outcome = await retry_store_call(
-                    what,
-                    lambda: host.tracing.store(
-                        "claim", runs.claim(claim), job=claim.job, slot=claim.slot,
-                        token=claim.token,
-                    ),
-                    deadline_ms=deadline_ms,
-                    give_up=lambda: host.stopping,
-                )
-            logger.debug("%s -> %s", what, outcome)
-            return outcome
-        except Exception as exc:
-            await host.emit_event("error", job, claim.slot, error=error_text(exc), reason="claim")
-            return None
-
-    async def _lease_claim(
-        self,
-        job: Job,
-        claim: RunClaim,
-        deadline_ms: int,
-        answer: Answer | None = None,
-        admitted: bool = False,
-    ) -> None:
-        """Claim on a lease store (unless answered already) and follow the answer."""
-        host = self.host
-        ends = self._ends.get(job.name, 0)
-        if answer is None:
-            asked = time.monotonic()
-            outcome = await self._send_claim(job, claim, deadline_ms, admitted)
-        else:
-            outcome, asked = answer
-        if outcome is not None:
-            self._note_winner(job, claim, outcome)
-        if outcome is None:
-            if not host.stopping:
-                await host.emit_event("skip", job, claim.slot, reason="late")
-                if claim.reason == "scheduled":
-                    host.ledgers.owe(job, claim.slot)  # the store never heard of it
-            return
-        buffered = False
-        while True:
-            kind = outcome.kind
-            await host.emit_event("claim", job, claim.slot, reason=kind)
-            next_outcome: ClaimOutcome | None
-            if kind == "won":
-                if outcome.cancelled is not None:
-                    await self._cancelled(job, claim, outcome.cancelled)
-                attempt = Attempt(
-                    job=job,
-                    slot=claim.slot,
-                    attempt=outcome.attempt or 1,
-                    reason=claim.reason if claim.mode == "new" else "takeover",
-                    token=claim.token,
-                    lease=True,
-                    held_at=asked,
-                )
-                if host.stopping and attempt.attempt < job.options.max_attempts:
-                    await self._hand_back(attempt)  # a backup takes it over at once
-                    return
-                # Won while stopping with no attempt to spare: run it within the grace,
-                # since a hand-back would use up the only attempt and lose the slot.
-                record = await host.run_attempt(attempt)
-                if (
-                    record.status == "success"
-                    or attempt.lost
-                    or host.stopping
-                    or attempt.attempt >= job.options.max_attempts
-                ):
-                    return
-                claim = replace(claim, token=new_token(), mode="new")  # a retry
-                asked = time.monotonic()
-                next_outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
-            elif kind == "early":
-                # The store's clock has not reached the slot: wait and ask again, same token.
-                wait_ms = min(outcome.wait_ms or 1, EARLY_WAIT_CAP_MS)
-                logger.debug(
-                    "scheduler %s: job %s slot %s is %s ms early by the store's clock",
-                    host.name,
-                    job.name,
-                    iso(claim.slot),
-                    outcome.wait_ms,
-                )
-                if await host.wait_stopping(wait_ms / 1000):
-                    return
-                asked = time.monotonic()
-                next_outcome = await self._send_claim(job, claim, deadline_ms + wait_ms)
-            elif kind == "running":
-                if (outcome.attempt or 1) >= job.options.max_attempts:
-                    return  # no attempt left to take over: nothing to watch for
-                key = (job.name, claim.slot)
-                if key in self.watching:
-                    return  # another task of this instance keeps an eye on it already
-                self.watching.add(key)
-                try:
-                    watched = await self._watch(job, claim)
-                finally:
-                    self.watching.discard(key)
-                if watched is None:
-                    return
-                claim, (next_outcome, asked) = watched
-            elif kind == "overlap":
-                await host.emit_event("skip", job, claim.slot, reason="overlap")
-                blocker = outcome.slot
-                if (
-                    blocker is None
-                    or job.options.max_attempts < 2
-                    or host.runs_here(job.name, blocker)
-                ):
-                    return
-                # The run in the way is another instance's: watch it like a loser told
-                # "running" would, so that a backup that started after its slot still
-                # takes it over if its runner goes away.
-                claim = replace(claim, slot=blocker, token=new_token(), reason="scheduled")
-                next_outcome = ClaimOutcome.running(1)
-            elif kind == "buffered":
-                # The store holds this slot until the run in the way ends; every instance
-                # that claimed it waits, and the first to claim it then runs it.
-                if not buffered:
-                    buffered = True
-                    await host.emit_event(
-                        "buffer", job, claim.slot, reason=f"overlap: waits for {iso(outcome.slot)}"
-                    )
-                wait_ms = min(outcome.wait_ms or 1, BUFFER_WAIT_CAP_MS)
-                if await self._wait_turn(job, wait_ms, ends):
-                    return
-                ends = self._ends.get(job.name, 0)
-                asked = time.monotonic()
-                next_outcome = await self._send_claim(job, claim, now_ms() + host.lease_ms)
-            elif kind == "late":
-                if claim.reason != "catch-up":  # nothing to catch up is not a skip
-                    await host.emit_event("skip", job, claim.slot, reason="late")
-                return
-            elif kind == "paused":  # the store marked the slot skipped: the job is paused
-                await host.emit_event("skip", job, claim.slot, reason="paused")
-                return
-            else:  # done, none, and kinds this version does not know
-                return
-            if next_outcome is None:
-                return
-            outcome = next_outcome
-
-    async def _cancelled(self, job: Job, claim: RunClaim, slot: int) -> None:
-        """Our ``cancel_other`` claim fenced the run of ``slot``: say so, and abort it here.
-
-        On another instance its handler learns it at its next heartbeat (refused).
-        """
-        reason = cancel_reason(claim.slot, self.host.instance_id)
-        await self.host.emit_event("cancel", job, slot, error=reason, reason="overlap")
-        self.host.cancel_here(job.name, slot, reason)
-
-    async def _watch(self, job: Job, claim: RunClaim) -> tuple[RunClaim, Answer] | None:
-        """Keep an eye on another instance's run; take it over once its lease lapses.
-
-        A release hint of the job (``engine/wake.py``) ends the wait between two looks
-        early: a hand-over is taken within the hint's delivery, not a heartbeat later.
-        """
-        with self.host.wakes.watching(released_key(job.name)) as woken:
-            return await self._watch_until(job, claim, woken)
-
-    async def _watch_until(
-        self, job: Job, claim: RunClaim, woken: asyncio.Event
-    ) -> tuple[RunClaim, Answer] | None:
-        host = self.host
-        runs = host.backend.runs
-        assert runs is not None
-        while not host.stopping:
-            if await host.wait_stopping(host.heartbeat_ms / 1000, woken):
-                return None
-            woken.clear()
-            try:
-                active = await runs.active(job.name)
-            except Exception as exc:
-                logger.warning(
-                    "scheduler %s: active(%s) failed while watching slot %s: %r",
-                    host.name,
-                    job.name,
-                    iso(claim.slot),
-                    exc,
-                )
-                continue
-            if any(run.slot == claim.slot and run.alive for run in active):
-                continue
-            takeover = replace(
-                claim, token=new_token(), mode="takeover", reason="takeover", max_late_ms=None
-            )
-            asked = time.monotonic()
-            outcome = await self._send_claim(job, takeover, now_ms() + host.lease_ms)
-            if outcome is None:
-                continue
-            if outcome.kind == "running":
-                if (outcome.attempt or 1) >= job.options.max_attempts:
-                    return None
-                continue
-            return takeover, Answer(outcome, asked)
-        return None
-
-    async def _hand_back(self, attempt: Attempt) -> None:
-        """A claim won while stopping: release it so that a backup runs it at once."""
-        host = self.host
-        runs = host.backend.runs
-        assert runs is not None and attempt.token is not None
-        token = attempt.token
-        try:
-            released = host.tracing.store(
-                "release", runs.release(attempt.job.name, attempt.slot, token),
-                job=attempt.job.name, slot=attempt.slot, token=token,
-            )
-            if await released:
-                await send_wakeup(host.backend, Wakeup("released", job=attempt.job.name))
-        except Exception as exc:
-            logger.warning(
-                "scheduler %s: release of job %s slot %s failed: %r",
-                host.name,
-                attempt.job.name,
-                iso(attempt.slot),
-                exc,
-            )

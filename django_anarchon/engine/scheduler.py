@@ -50,8 +50,9 @@ from ..jobs import (
 )
 from ..logtime import iso
 from ..retry import retry_store_call
+from .answers import new_token
 from .calls import close_thread_connections, error_text
-from .claims import ClaimFlows, new_token
+from .claims import ClaimFlows
 from .clock import REFRESH_S, StoreClock, clock_reader
 from .events import Callback, Event, EventName, EventRegistry
 from .ledger import LedgerKeeper
@@ -910,7 +911,7 @@ class Scheduler(OperatorMixin):
             logger.exception("scheduler %s: %s failed; the scheduler goes on", self.name, label)
             await self.emit_event("error", error=error_text(exc), reason=label)
 
-    # -- what the claim flows need (engine/claims.py) ----------------------------------
+    # -- what the claim flows need (engine/claims.py, answers.py) ---------------------
 
     @property
     def stopping(self) -> bool:
