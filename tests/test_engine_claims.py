@@ -24,6 +24,7 @@ from .test_engine_support import (
     RARELY,
     Calls,
     Events,
+    Recording,
     iso_in,
     queue_behind_a_full_pool,
     real_ms,
@@ -34,48 +35,6 @@ from .test_engine_support import (
 
 def true_store() -> MemoryBackend:
     return MemoryBackend(clock=real_ms)
-
-
-class Recording:
-    """Passes every call through to a real memory store, noting each lease claim (alone or
-    in a batch), when it left the instance (the true clock), and the store's answer."""
-
-    def __init__(self, backend: MemoryBackend) -> None:
-        self.backend = backend
-        self.sent: list[tuple[int, RunClaim, ClaimOutcome]] = []
-        #: token -> when the answer came back (the true clock)
-        self.answered: dict[str, int] = {}
-        real_claim, real_many = backend.runs.claim, backend.runs.claim_many
-
-        async def claim(c: RunClaim) -> ClaimOutcome:
-            at = real_ms()
-            outcome = await real_claim(c)
-            self.sent.append((at, c, outcome))
-            self.answered[c.token] = real_ms()
-            return outcome
-
-        async def claim_many(claims: list[RunClaim]) -> list[ClaimOutcome]:
-            at = real_ms()
-            outcomes = await real_many(claims)
-            self.sent.extend((at, c, o) for c, o in zip(claims, outcomes, strict=True))
-            self.answered.update((c.token, real_ms()) for c in claims)
-            return outcomes
-
-        backend.runs.claim = claim  # type: ignore[method-assign]
-        backend.runs.claim_many = claim_many  # type: ignore[method-assign]
-
-    @property
-    def claims(self) -> list[tuple[RunClaim, ClaimOutcome]]:
-        return [(c, o) for _, c, o in self.sent]
-
-    def of(self, by: str) -> list[dict[str, Any]]:
-        """The claims ``by`` sent, in order: slot, when it left, when it was answered, the
-        answer's kind."""
-        return [
-            {"slot": c.slot, "at": at, "answered": self.answered[c.token], "kind": o.kind}
-            for at, c, o in self.sent
-            if c.instance_id == by
-        ]
 
 
 async def test_a_worker_ahead_never_starts_a_run_before_its_slot(skew: Any) -> None:
@@ -494,16 +453,6 @@ async def test_the_claims_that_back_up_other_instances_are_answered_by_a_look() 
     answer; with the leader stopped, the look answers nothing and the claims win."""
     backend = MemoryBackend(clock=real_ms)
     sends = Recording(backend)
-    looked: dict[str, list[tuple[str, int, ClaimOutcome | None]]] = {}
-    real_peek = backend.runs.peek_many
-
-    async def peek_many(claims: list[RunClaim]) -> list[ClaimOutcome | None]:
-        answers = await real_peek(claims)
-        for c, answer in zip(claims, answers, strict=True):
-            looked.setdefault(c.instance_id, []).append((c.job, c.slot, answer))
-        return answers
-
-    backend.runs.peek_many = peek_many  # type: ignore[method-assign]
     calls = Calls()
     schedulers = {i: Scheduler(backend, instance_id=i) for i in ("A", "B", "C")}
     for s in schedulers.values():
@@ -531,9 +480,8 @@ async def test_the_claims_that_back_up_other_instances_are_answered_by_a_look() 
             mine = sorted(slot for job, slot in slots if job == f"job{n}" and part(slot))
             assert mine == list(range(mine[0], mine[0] + 200 * len(mine), 200)), (n, mine)
     # The followers' claims of the leader's slots were looks, answered without a claim.
-    answered = {(by, job, slot, a.kind) for by, seen in looked.items()
-                for job, slot, a in seen if a is not None}
-    assert len(answered) >= 20, looked
+    answered = {(c.instance_id, c.job, c.slot, a.kind) for c, a in sends.looked}
+    assert len(answered) >= 20, answered
     assert {kind for *_, kind in answered} <= {"running", "done"}, answered
     claimed = {(c.instance_id, c.job, c.slot) for c, _ in sends.claims}
     assert not {(by, job, slot) for by, job, slot, _ in answered} & claimed

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from django_anarchon.backends.base import ClaimInput
+from django_anarchon.backends.base import ClaimInput, ClaimOutcome, RunClaim
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.engine import Scheduler
 from django_anarchon.engine.events import Event
@@ -208,3 +208,57 @@ async def queue_behind_a_full_pool(scheduler: Scheduler, sent: list[Any]) -> tup
 
 def run(coro: Awaitable[Any]) -> Any:  # pragma: no cover - convenience for debugging
     return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+class Recording:
+    """Passes every call through to a backend's real run store, noting each lease claim
+    (alone or in a batch), when it left the instance (the true clock), and the store's
+    answer; and each look (``peek_many``) that answered a claim."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.sent: list[tuple[int, RunClaim, ClaimOutcome]] = []
+        #: token -> when the answer came back (the true clock)
+        self.answered: dict[str, int] = {}
+        #: the claims a look answered, and its answers
+        self.looked: list[tuple[RunClaim, ClaimOutcome]] = []
+        real_claim, real_many = backend.runs.claim, backend.runs.claim_many
+        real_peek = backend.runs.peek_many
+
+        async def claim(c: RunClaim) -> ClaimOutcome:
+            at = real_ms()
+            outcome = await real_claim(c)
+            self.sent.append((at, c, outcome))
+            self.answered[c.token] = real_ms()
+            return outcome
+
+        async def claim_many(claims: list[RunClaim]) -> list[ClaimOutcome]:
+            at = real_ms()
+            outcomes = await real_many(claims)
+            self.sent.extend((at, c, o) for c, o in zip(claims, outcomes, strict=True))
+            self.answered.update((c.token, real_ms()) for c in claims)
+            return outcomes
+
+        async def peek_many(claims: list[RunClaim]) -> list[ClaimOutcome | None]:
+            answers: list[ClaimOutcome | None] = await real_peek(claims)
+            self.looked.extend(
+                (c, a) for c, a in zip(claims, answers, strict=True) if a is not None
+            )
+            return answers
+
+        backend.runs.claim = claim
+        backend.runs.claim_many = claim_many
+        backend.runs.peek_many = peek_many
+
+    @property
+    def claims(self) -> list[tuple[RunClaim, ClaimOutcome]]:
+        return [(c, o) for _, c, o in self.sent]
+
+    def of(self, by: str) -> list[dict[str, Any]]:
+        """The claims ``by`` sent, in order: slot, when it left, when it was answered, the
+        answer's kind."""
+        return [
+            {"slot": c.slot, "at": at, "answered": self.answered[c.token], "kind": o.kind}
+            for at, c, o in self.sent
+            if c.instance_id == by
+        ]

@@ -160,8 +160,10 @@ class ClaimPaths(LockedClaims):
             # backfill, whose history must be read in the same transaction.
             return self._retrying(lambda: self._run_claim_locked(c), also_conflicts=True)
         if c.mode == "new" and self._use_functions():
-            v4 = self._v4()
-            outcome = self._retrying(lambda: postgres.run_claim(connections[self.using], c, v4))
+            level = self._level
+            outcome = self._retrying(
+                lambda: postgres.run_claim(connections[self.using], c, level)
+            )
             if outcome is not None:
                 return outcome
             return self._retrying(lambda: self._run_claim_locked(c), also_conflicts=True)
@@ -175,9 +177,9 @@ class ClaimPaths(LockedClaims):
         ]
         if len(fresh) < 2 or not self._use_functions():
             return [self.run_claim(c) for c in claims]
-        v4, v5 = self._v4(), self._batch
+        level = self._level
         decided = self._retrying(
-            lambda: postgres.run_claim_many(connections[self.using], fresh, v4, v5)
+            lambda: postgres.run_claim_many(connections[self.using], fresh, level)
         )
         answers = dict(zip(map(id, fresh), decided, strict=True))
         outcomes: list[ClaimOutcome] = []

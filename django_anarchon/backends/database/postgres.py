@@ -33,7 +33,7 @@ from ..base import DEFAULT_KEEP_MS, MIN_KEEP_MS, ClaimInput, ClaimOutcome, RunCl
 __all__ = [
     "claim",
     "finish_many",
-    "functions_installed",
+    "functions_level",
     "run_claim",
     "run_claim_many",
 ]
@@ -63,6 +63,8 @@ RUN_CLAIM_MANY_V4_SQL = (
 )
 #: Migration 0010's: a batch's new runs decided set-based, the rest through v4 one by one.
 RUN_CLAIM_MANY_V5_SQL = RUN_CLAIM_MANY_V4_SQL.replace("_many_v4(", "_many_v5(")
+#: Migration 0011's: v5 with every job's lock taken before any run is written.
+RUN_CLAIM_MANY_V6_SQL = RUN_CLAIM_MANY_V4_SQL.replace("_many_v4(", "_many_v6(")
 FINISH_MANY_SQL = (
     "SELECT o_index, o_finished FROM anarchon_finish_many_v1(%s::text[], %s::bigint[], "
     "%s::text[], %s::text[], %s::text[], %s::integer[], %s::boolean[], %s::text[], "
@@ -81,6 +83,11 @@ _SIGNATURES_0010 = (
     "anarchon_run_claim_many_v5(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
     " bigint[], bigint[], integer[], bigint, bigint)",
 )
+_SIGNATURES_0011 = (
+    "anarchon_sweep_v1(text, bigint, bigint)",
+    "anarchon_run_claim_many_v6(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
+    " bigint[], bigint[], integer[], bigint, bigint)",
+)
 #: What this release calls; a database not migrated to 0008 lacks the v3 functions, and
 #: every claim then takes the general path (which honours pauses too).
 _SIGNATURES = (
@@ -92,19 +99,25 @@ _SIGNATURES = (
 )
 
 
-def functions_installed(connection: BaseDatabaseWrapper) -> tuple[bool, bool, bool]:
-    """Whether this release's functions are there: those up to migration 0008 (else every
-    claim takes the general path), 0009's (else claims go through v3, ends through the
-    ORM), and 0010's (else batches of claims go through v4). One statement."""
-    signatures = [*_SIGNATURES, *_SIGNATURES_0009, *_SIGNATURES_0010]
+def functions_level(connection: BaseDatabaseWrapper) -> int:
+    """The newest migration whose functions this release calls are there, with those of
+    every migration before it: 11, 10, 9 or 8; 0 when 0008's are missing (every claim then
+    takes the general path). One statement."""
+    groups = [(8, _SIGNATURES), (9, _SIGNATURES_0009), (10, _SIGNATURES_0010),
+              (11, _SIGNATURES_0011)]
+    signatures = [signature for _, group in groups for signature in group]
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT " + ", ".join("to_regprocedure(%s) IS NOT NULL" for _ in signatures),
             signatures,
         )
-        row = cursor.fetchone()
-    a, b = len(_SIGNATURES), len(_SIGNATURES) + len(_SIGNATURES_0009)
-    return all(row[:a]), all(row[a:b]), all(row[b:])
+        found = iter(cursor.fetchone())
+    level = 0
+    for migration, group in groups:
+        if not all([next(found) for _ in group]):
+            break
+        level = migration
+    return level
 
 
 def _call(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> tuple[Any, ...]:
@@ -180,13 +193,14 @@ def _args(c: RunClaim) -> list[Any]:
 
 
 def run_claim_many(
-    connection: BaseDatabaseWrapper, claims: list[RunClaim], v4: bool = False, v5: bool = False
+    connection: BaseDatabaseWrapper, claims: list[RunClaim], level: int
 ) -> list[ClaimOutcome | None]:
     """Every claim of the batch in one round trip; ``None`` where the lock path decides.
 
     The batch goes in (job, slot) order, so batches of different instances take their
-    locks in the same order and never wait for each other in a circle. ``v5`` (migration
-    0010, which implies 0009's v4): the batch's new runs are decided set-based.
+    locks in the same order and never wait for each other in a circle. ``level``
+    (``functions_level``): from 0010, the batch's new runs are decided set-based; from
+    0011, after every job's lock is taken.
     """
     if not claims:
         return []
@@ -194,8 +208,10 @@ def run_claim_many(
     # One array per argument of the single-claim function, in batch order.
     per_claim = [_args(claims[i]) for i in order]
     params: list[Any] = [list(column) for column in zip(*per_claim, strict=True)]
-    many_v4 = RUN_CLAIM_MANY_V5_SQL if v5 else RUN_CLAIM_MANY_V4_SQL
-    rows = _rows(connection, *_versioned(params, v4 or v5, RUN_CLAIM_MANY_SQL, many_v4))
+    many_v4 = {11: RUN_CLAIM_MANY_V6_SQL, 10: RUN_CLAIM_MANY_V5_SQL}.get(
+        level, RUN_CLAIM_MANY_V4_SQL
+    )
+    rows = _rows(connection, *_versioned(params, level >= 9, RUN_CLAIM_MANY_SQL, many_v4))
     outcomes: list[ClaimOutcome | None] = [None] * len(claims)
     for index, kind, attempt, slot, now, marked in rows:
         original = order[int(index) - 1]
@@ -203,12 +219,16 @@ def run_claim_many(
     return outcomes
 
 
-def run_claim(
-    connection: BaseDatabaseWrapper, c: RunClaim, v4: bool = False
-) -> ClaimOutcome | None:
-    """The outcome, or ``None`` when the claim must take the general lock path."""
+def run_claim(connection: BaseDatabaseWrapper, c: RunClaim, level: int) -> ClaimOutcome | None:
+    """The outcome, or ``None`` when the claim must take the general lock path.
+
+    From migration 0011 a batch of one: its job's lock before its run, as in every batch
+    and in the lock path (the single-claim functions write the run first).
+    """
+    if level >= 11:
+        return run_claim_many(connection, [c], level)[0]
     kind, attempt, slot, now, marked = _call(
-        connection, *_versioned(_args(c), v4, RUN_CLAIM_SQL, RUN_CLAIM_V4_SQL)
+        connection, *_versioned(_args(c), level >= 9, RUN_CLAIM_SQL, RUN_CLAIM_V4_SQL)
     )
     return _outcome(c, kind, attempt, slot, now, bool(marked))
 

@@ -123,8 +123,8 @@ class Tables:
         now_ms_sql(self.vendor)  # refuses an unsupported database early
         self.fast_path = fast_path and self.vendor == "postgresql"
         self._functions_checked = False
-        self._latest = False
-        self._batch = False
+        #: ``postgres.functions_level``: the newest migration whose functions are there.
+        self._level = 0
         self._write_lock: threading.RLock | None = None
         if self.vendor == "sqlite":
             self._write_lock = _sqlite_lock(str(connections[using].settings_dict["NAME"]))
@@ -189,33 +189,28 @@ class Tables:
     def _use_functions(self) -> bool:
         if self.fast_path and not self._functions_checked:
             self._functions_checked = True
-            installed, latest, batch = self._retrying(
-                lambda: postgres.functions_installed(connections[self.using])
+            self._level = self._retrying(
+                lambda: postgres.functions_level(connections[self.using])
             )
-            if not installed:
-                logger.warning(
-                    "database backend: the PostgreSQL claim functions are missing on %r "
-                    "(migrations not applied?); every claim takes the general lock path",
-                    self.using,
-                )
-                self.fast_path = False
-            elif not latest:
-                logger.warning(
-                    "database backend: migration 0009's PostgreSQL functions are missing on "
-                    "%r; claims use the v3 functions and runs end through the ORM", self.using,
-                )
-            elif not batch:
-                logger.warning(
-                    "database backend: migration 0010's PostgreSQL function is missing on "
-                    "%r; batches of claims are decided one claim at a time", self.using,
-                )
-            self._latest = installed and latest
-            self._batch = self._latest and batch
+            missing = {
+                0: "the PostgreSQL claim functions are missing on %r (migrations not "
+                   "applied?); every claim takes the general lock path",
+                8: "migration 0009's PostgreSQL functions are missing on %r; claims use the "
+                   "v3 functions and runs end through the ORM",
+                9: "migration 0010's PostgreSQL function is missing on %r; batches of "
+                   "claims are decided one claim at a time",
+                10: "migration 0011's PostgreSQL functions are missing on %r; claims write "
+                    "a run before they take its job's lock, and may wait on the lock path "
+                    "until PostgreSQL's deadlock check ends the wait",
+            }.get(self._level)
+            if missing is not None:
+                logger.warning("database backend: " + missing, self.using)
+            self.fast_path = self._level > 0
         return self.fast_path
 
     def _v4(self) -> bool:
         """On PostgreSQL's fast path: migration 0009's functions (claims v4, finish_many)."""
-        return self._use_functions() and self._latest
+        return self._use_functions() and self._level >= 9
 
     def _lock_job(self, job: str) -> int:
         """Lock the job's row until the transaction ends; return the server's ``now``.
