@@ -887,7 +887,7 @@ def test_postgres_a_claim_takes_its_jobs_lock_before_it_writes_its_run(
 async def test_postgres_batches_race_through_separate_connections_and_one_backend_object(
     postgres_database: str,
 ) -> None:
-    """Migration 0010's set-based batches, raced: twelve claimers each send the same
+    """Set-based batches (migration 0011's v6), raced: twelve claimers each send the same
     batch of 40 new runs (40 jobs, one slot) at once, six through backend objects of
     their own and six through one shared object (its four connection threads), 25 times
     over. Each run is won exactly once; every other claimer hears ``running(1)``."""
