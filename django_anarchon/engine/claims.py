@@ -21,7 +21,7 @@ import zlib
 from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..backends.base import (
     ClaimOutcome,
@@ -343,7 +343,8 @@ class ClaimFlows(ClaimAnswers):
                 return None
             for i, outcome in zip(rest, decided, strict=True):
                 answers[i] = outcome
-        return [answer for answer in answers if answer is not None]
+        # Every claim has its answer now: the look's, or the claims' for all the rest.
+        return cast("list[ClaimOutcome]", answers)
 
     async def _slot_flow(self, job: Job, slot: int, admitted: bool = False) -> None:
         host = self.host
