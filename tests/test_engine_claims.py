@@ -650,6 +650,63 @@ async def test_a_full_pool_sends_the_slots_it_follows_with_the_next_batch() -> N
         await stop_all(s)
 
 
+async def test_held_slots_share_one_timer_and_each_goes_when_its_own_wait_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 10: a burst's losers held hundreds of jobs the follow delay, a loop timer
+    each. One timer serves them all now, set for the earliest; a job held for a run
+    still ending here goes at its follow delay once that end is answered, not at the
+    later time the timer was first set for."""
+    from django_anarchon.engine import claims
+
+    monkeypatch.setattr(claims, "FOLLOW_DELAY_MS", 100)
+    backend = MemoryBackend(clock=real_ms)
+    sent: dict[str, float] = {}
+    real_many, real_claim = backend.runs.claim_many, backend.runs.claim
+
+    async def claim_many(batch: list[RunClaim]) -> list[ClaimOutcome]:
+        sent.update((c.job, time.monotonic()) for c in batch)
+        return await real_many(batch)
+
+    async def claim(c: RunClaim) -> ClaimOutcome:
+        sent[c.job] = time.monotonic()
+        return await real_claim(c)
+
+    backend.runs.claim_many = claim_many  # type: ignore[method-assign]
+    backend.runs.claim = claim  # type: ignore[method-assign]
+    s = Scheduler(backend, instance_id="F")
+    followed = [f"followed{i}" for i in range(100)]
+    for name in [*followed, "ending", "still-ending"]:
+        s.every(name, "1h", lambda ctx: None, max_late="4s")  # an ending holds up to 2 s
+    await s.start()
+    try:
+        flows, loop = s._claims, asyncio.get_running_loop()
+        flows._followed.update([*followed, "ending", "still-ending"])
+        for name in ("ending", "still-ending"):  # a run of each left user code here
+            flows.user_code_started(name)
+            flows.user_code_done(name, ending=True)
+        timers = len(loop._scheduled)  # type: ignore[attr-defined]
+        began, slot = time.monotonic(), real_ms() - 10
+        for name in followed:
+            flows.due(s.get_job(name), slot)
+        assert len(loop._scheduled) == timers + 1  # type: ignore[attr-defined]
+        await wait_for(lambda: len(sent) == 100, 2, "the followed jobs claimed")
+        assert all(0.095 <= sent[name] - began < 0.5 for name in followed), sent
+        # Held for a run ending here too: the one timer is set for the end of that wait.
+        began = time.monotonic()
+        for name in ("ending", "still-ending"):
+            flows.due(s.get_job(name), slot)
+        await asyncio.sleep(0.03)
+        flows.run_ended("ending")  # answered within the follow delay
+        await wait_for(lambda: "ending" in sent, 2, "'ending' claimed")
+        assert 0.095 <= sent["ending"] - began < 0.5, sent["ending"] - began
+        assert "still-ending" not in sent
+        flows.run_ended("still-ending")  # answered after it: goes at once
+        await wait_for(lambda: "still-ending" in sent, 2, "'still-ending' claimed")
+    finally:
+        await stop_all(s)
+
+
 async def test_a_run_still_in_user_code_when_the_next_slot_falls_due_is_waited_for_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -57,6 +57,9 @@ FOLLOW_MAX_SHARE = 0.25
 #: claimed once it has (its run would otherwise still be ``running`` there), waiting at
 #: most this share of the job's ``max_late``.
 ENDING_MAX_SHARE = 0.5
+#: Held slots whose wait ends within this many seconds go with those released now: the
+#: jobs of a burst fall due microseconds apart, and would each take a wake of their own.
+HELD_SLACK_S = 0.001
 
 
 def _nothing_to_follow(job: Job, outcome: ClaimOutcome) -> bool:
@@ -71,14 +74,13 @@ class _Held:
     """A job's due slots held back here since ``since``, in slot order: until
     ``not_before`` (the follow delay), and while a run of the job here is ending."""
 
-    __slots__ = ("job", "not_before", "since", "slots", "timer")
+    __slots__ = ("job", "not_before", "since", "slots")
 
     def __init__(self, job: Job, slot: int, since: float, not_before: float) -> None:
         self.job = job
         self.slots = [slot]
         self.since = since
         self.not_before = not_before
-        self.timer: asyncio.TimerHandle | None = None
 
 
 class ClaimFlows(ClaimAnswers):
@@ -99,8 +101,10 @@ class ClaimFlows(ClaimAnswers):
         #: job -> how many of its runs here have left user code but not had their end
         #: answered by the store (lease stores): its next claim waits for them.
         self._ending: Counter[str] = Counter()
-        #: job -> its due slots held back (the follow delay, a run ending here).
+        #: job -> its due slots held back (the follow delay, a run ending here), and one
+        #: timer for all of them, at the earliest time one may go (``_release_held``).
         self._held: dict[str, _Held] = {}
+        self._held_timer: asyncio.TimerHandle | None = None
 
     def reset(self) -> None:
         super().reset()
@@ -109,9 +113,9 @@ class ClaimFlows(ClaimAnswers):
         self._overflow, self._draining = [], False
         self._busy.clear()
         self._ending.clear()
-        for held in self._held.values():
-            if held.timer is not None:
-                held.timer.cancel()
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
         self._held.clear()
 
     def user_code_started(self, job: str) -> None:
@@ -177,28 +181,55 @@ class ClaimFlows(ClaimAnswers):
             return 0  # with "allow" a run still ending changes no answer
         return job.options.max_late_ms * ENDING_MAX_SHARE
 
+    def _held_until(self, held: _Held, now: float) -> float | None:
+        """When ``held``'s slots may go (``None``: now): after the follow delay, and once
+        no run of the job here is ending (asked each time: a run whose user code was
+        still going when the slot was held may be ending by the end of that delay)."""
+        until = max(held.not_before, held.since + self._ending_ms(held.job) / 1000)
+        return None if until <= now + HELD_SLACK_S else until
+
     def _check_held(self, name: str) -> None:
-        """Release a job's held slots once their wait is over, else wait on."""
+        """Release a job's held slots if their wait is over, else wake when it will be."""
         held = self._held.get(name)
         if held is None:
             return
-        if held.timer is not None:
-            held.timer.cancel()
-            held.timer = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if now < held.not_before:
-            held.timer = loop.call_at(held.not_before, self._check_held, name)
-            return
-        # Asked each time: a run whose user code was still going when the slot was held
-        # (the follow delay) may be ending by the end of that delay.
-        until = held.since + self._ending_ms(held.job) / 1000
-        if now < until:
-            held.timer = loop.call_at(until, self._check_held, name)
+        until = self._held_until(held, asyncio.get_running_loop().time())
+        if until is not None:
+            self._wake_held(until)
             return
         del self._held[name]
         for slot in held.slots:
             self._due_now(held.job, slot)
+
+    def _wake_held(self, when: float) -> None:
+        """Have ``_release_held`` run at ``when`` unless it runs sooner already.
+
+        One timer for every held job: a burst holds hundreds of jobs for the same follow
+        delay, and a timer each cost the loop's heap as much as the claims they led to.
+        """
+        loop = asyncio.get_running_loop()
+        timer = self._held_timer
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()
+        self._held_timer = loop.call_at(when, self._release_held)
+
+    def _release_held(self) -> None:
+        """Release every held job whose wait is over, in the order they were held."""
+        self._held_timer = None
+        now = asyncio.get_running_loop().time()
+        soonest: float | None = None
+        for name, held in list(self._held.items()):
+            until = self._held_until(held, now)
+            if until is None:
+                del self._held[name]
+                for slot in held.slots:
+                    self._due_now(held.job, slot)
+            elif soonest is None or until < soonest:
+                soonest = until
+        if soonest is not None:
+            self._wake_held(soonest)
 
     def _due_now(self, job: Job, slot: int) -> None:
         self._batch.append((job, slot))
