@@ -272,15 +272,20 @@ class ClaimPaths(LockedClaims):
         quote = connection.ops.quote_name
         jobs, slots = sorted({c.job for c in claims}), sorted({c.slot for c in claims})
         columns = ", ".join(f"r.{quote(name)}" for name in ("job", *_ROW_COLUMNS))
+        if self.vendor == "postgresql":  # two literals: one short statement, parsed once
+            where = f"r.{quote('job')} = ANY(%s::text[]) AND r.{quote('slot')} = ANY(%s::bigint[])"
+            params: list[Any] = [postgres.texts(jobs), postgres.ints(slots)]
+        else:
+            where = (f"r.{quote('job')} IN ({', '.join(['%s'] * len(jobs))}) "
+                     f"AND r.{quote('slot')} IN ({', '.join(['%s'] * len(slots))})")
+            params = [*jobs, *slots]
         with connection.cursor() as cursor:
-            # job IN (...) AND slot IN (...): the (job, slot) index answers it; the pairs
-            # no claim asked for (a job's other slots of the batch) are dropped below.
+            # The (job, slot) index answers it; the pairs no claim asked for (a job's
+            # other slots of the batch) are dropped below.
             cursor.execute(
                 f"SELECT {now_ms_sql(self.vendor)}, {columns} "
-                f"FROM {quote(Run._meta.db_table)} r "
-                f"WHERE r.{quote('job')} IN ({', '.join(['%s'] * len(jobs))}) "
-                f"AND r.{quote('slot')} IN ({', '.join(['%s'] * len(slots))})",
-                [*jobs, *slots],
+                f"FROM {quote(Run._meta.db_table)} r WHERE {where}",
+                params,
             )
             rows = cursor.fetchall()
         found = {(row[1], int(row[10])): (int(row[0]), _Row(*row[2:])) for row in rows}

@@ -23,7 +23,7 @@ the claim again and marks it in the same transaction.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -31,11 +31,14 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..base import DEFAULT_KEEP_MS, MIN_KEEP_MS, ClaimInput, ClaimOutcome, RunClaim, RunEnd
 
 __all__ = [
+    "bools",
     "claim",
     "finish_many",
     "functions_level",
+    "ints",
     "run_claim",
     "run_claim_many",
+    "texts",
 ]
 
 CLAIM_SQL = "SELECT anarchon_claim_v1(%s, %s, %s, %s)"
@@ -184,6 +187,35 @@ def _versioned(params: list[Any], v4: bool, v3_sql: str, v4_sql: str) -> tuple[s
     return (v4_sql, [*params, DEFAULT_KEEP_MS, MIN_KEEP_MS]) if v4 else (v3_sql, params)
 
 
+def texts(values: Iterable[str | None]) -> str:
+    """A ``text[]`` literal, sent as one string to a ``%s::text[]`` parameter.
+
+    psycopg dumps a list element by element in Python: about 1.2 ms of a worker's CPU per
+    claim batch of 200 (ten arrays), where joining the literals takes a quarter of that,
+    and a burst sends dozens of batches while its handlers wait for the same core.
+    """
+    return "{" + ",".join(
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    ) + "}"
+
+
+def ints(values: Iterable[int | None]) -> str:
+    """A ``bigint[]`` or ``integer[]`` literal (see ``texts``)."""
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+
+
+def bools(values: Iterable[bool | None]) -> str:
+    """A ``boolean[]`` literal (see ``texts``)."""
+    return "{" + ",".join("NULL" if v is None else ("t" if v else "f") for v in values) + "}"
+
+
+#: The literal of each array argument of the claim functions, in ``_args`` order.
+_CLAIM_ARRAYS: tuple[Callable[[Iterable[Any]], str], ...] = (
+    texts, ints, texts, texts, ints, texts, bools, ints, ints, ints,
+)
+
+
 def _args(c: RunClaim) -> list[Any]:
     """A claim's arguments to ``anarchon_run_claim_v3``/``v4`` (before v4's two constants)."""
     return [
@@ -207,7 +239,10 @@ def run_claim_many(
     order = sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot))
     # One array per argument of the single-claim function, in batch order.
     per_claim = [_args(claims[i]) for i in order]
-    params: list[Any] = [list(column) for column in zip(*per_claim, strict=True)]
+    params: list[Any] = [
+        literal(column)
+        for literal, column in zip(_CLAIM_ARRAYS, zip(*per_claim, strict=True), strict=True)
+    ]
     many_v4 = {11: RUN_CLAIM_MANY_V6_SQL, 10: RUN_CLAIM_MANY_V5_SQL}.get(
         level, RUN_CLAIM_MANY_V4_SQL
     )
@@ -246,20 +281,20 @@ def finish_many(connection: BaseDatabaseWrapper, ends: list[RunEnd]) -> list[boo
         connection,
         FINISH_MANY_SQL,
         [
-            [e.job for e in batch],
-            [e.slot for e in batch],
-            [e.token for e in batch],
-            [e.status for e in batch],
-            [r.by for r in results],
-            [r.attempt for r in results],
-            [r.manual for r in results],
-            ["manual" if r.manual else r.reason for r in results],
-            [r.started_at for r in results],
-            [r.finished_at for r in results],
-            [r.duration_ms for r in results],
-            [r.error for r in results],
-            [e.history_size for e in batch],
-            [e.history_ttl_ms for e in batch],
+            texts(e.job for e in batch),
+            ints(e.slot for e in batch),
+            texts(e.token for e in batch),
+            texts(e.status for e in batch),
+            texts(r.by for r in results),
+            ints(r.attempt for r in results),
+            bools(r.manual for r in results),
+            texts("manual" if r.manual else r.reason for r in results),
+            ints(r.started_at for r in results),
+            ints(r.finished_at for r in results),
+            ints(r.duration_ms for r in results),
+            texts(r.error for r in results),
+            ints(e.history_size for e in batch),
+            ints(e.history_ttl_ms for e in batch),
             DEFAULT_KEEP_MS,
             MIN_KEEP_MS,
         ],
