@@ -132,6 +132,52 @@ def test_postgres_fast_path_round_trips(postgres_database: str) -> None:
 
 
 @pytest.mark.postgres
+def test_postgres_first_claims_on_many_threads_wait_for_the_functions_check(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One backend's connection threads claim at once before it knows which functions
+    the database has. The first marked the check done, then asked; the others claimed
+    meanwhile with level 0, through ``anarchon_run_claim_many_v3``, which writes a run
+    before it locks its job, and met this release's claims in deadlocks (seen in the
+    race tests on a loaded machine). Every claim goes through the newest function now."""
+    from django_anarchon.backends.database import postgres
+
+    sent: list[str] = []
+    real_rows, real_level = postgres._rows, postgres.functions_level
+
+    def rows(connection: Any, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        sent.append(sql)
+        return real_rows(connection, sql, params)
+
+    def slow_level(connection: Any) -> int:
+        time.sleep(0.2)  # the check's round trip, long enough for the others to arrive
+        return real_level(connection)
+
+    monkeypatch.setattr(postgres, "_rows", rows)
+    monkeypatch.setattr(postgres, "functions_level", slow_level)
+    store = Store(postgres_database)
+    slot = _now_ms() - 1_000
+    jobs = [_job(f"first{i}") for i in range(6)]
+    gate = threading.Barrier(len(jobs))
+    outcomes: list[Any] = []
+
+    def claim(job: str) -> None:
+        gate.wait()
+        try:
+            outcomes.append(store.run_claim_many([_claim(job, slot, "t"), _claim(job, slot + 1, "u")]))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claim, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(outcomes) == len(jobs)
+    assert len(sent) == len(jobs) and all("anarchon_run_claim_many_v6" in sql for sql in sent), sent
+
+
+@pytest.mark.postgres
 def test_postgres_a_claim_of_a_run_that_is_done_is_one_statement(postgres_database: str) -> None:
     """Migration 0009: the instances that lose a burst of instant runs ask after the winners
     finished; the function answers them (v3 sent each to the lock path's transaction)."""

@@ -123,6 +123,7 @@ class Tables:
         now_ms_sql(self.vendor)  # refuses an unsupported database early
         self.fast_path = fast_path and self.vendor == "postgresql"
         self._functions_checked = False
+        self._functions_lock = threading.Lock()
         #: ``postgres.functions_level``: the newest migration whose functions are there.
         self._level = 0
         self._write_lock: threading.RLock | None = None
@@ -187,26 +188,35 @@ class Tables:
         return int(row[0])
 
     def _use_functions(self) -> bool:
+        """Whether claims take PostgreSQL's functions; the first call asks which are there.
+
+        Every connection thread waits for that answer: a claim sent meanwhile went through
+        the oldest functions (level 0 read as "before 0009"), which write a run before
+        they lock its job, and met this release's claims in a deadlock.
+        """
         if self.fast_path and not self._functions_checked:
-            self._functions_checked = True
-            self._level = self._retrying(
-                lambda: postgres.functions_level(connections[self.using])
-            )
-            missing = {
-                0: "the PostgreSQL claim functions are missing on %r (migrations not "
-                   "applied?); every claim takes the general lock path",
-                8: "migration 0009's PostgreSQL functions are missing on %r; claims use the "
-                   "v3 functions and runs end through the ORM",
-                9: "migration 0010's PostgreSQL function is missing on %r; batches of "
-                   "claims are decided one claim at a time",
-                10: "migration 0011's PostgreSQL functions are missing on %r; claims write "
-                    "a run before they take its job's lock, and may wait on the lock path "
-                    "until PostgreSQL's deadlock check ends the wait",
-            }.get(self._level)
-            if missing is not None:
-                logger.warning("database backend: " + missing, self.using)
-            self.fast_path = self._level > 0
+            with self._functions_lock:
+                if not self._functions_checked:
+                    self._check_functions()
         return self.fast_path
+
+    def _check_functions(self) -> None:
+        self._level = self._retrying(lambda: postgres.functions_level(connections[self.using]))
+        missing = {
+            0: "the PostgreSQL claim functions are missing on %r (migrations not "
+               "applied?); every claim takes the general lock path",
+            8: "migration 0009's PostgreSQL functions are missing on %r; claims use the "
+               "v3 functions and runs end through the ORM",
+            9: "migration 0010's PostgreSQL function is missing on %r; batches of "
+               "claims are decided one claim at a time",
+            10: "migration 0011's PostgreSQL functions are missing on %r; claims write "
+                "a run before they take its job's lock, and may wait on the lock path "
+                "until PostgreSQL's deadlock check ends the wait",
+        }.get(self._level)
+        if missing is not None:
+            logger.warning("database backend: " + missing, self.using)
+        self.fast_path = self._level > 0
+        self._functions_checked = True
 
     def _v4(self) -> bool:
         """On PostgreSQL's fast path: migration 0009's functions (claims v4, finish_many)."""
