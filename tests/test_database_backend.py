@@ -827,6 +827,37 @@ def test_postgres_a_batch_decided_set_based_answers_and_stores_what_one_by_one_d
 
 
 @pytest.mark.postgres
+def test_postgres_locks_several_jobs_in_code_point_order_whatever_the_collation(
+    postgres_database: str,
+) -> None:
+    """``anarchon_run_claim_many_v6`` locks a batch's jobs in the order the backend sent
+    them (Python's, by code point); the ledger's lock of several jobs sorted them by the
+    column's collation. On a database whose collation is not C the two orders differ,
+    and two such transactions could wait on each other until the deadlock check. Here
+    the column takes an ICU English collation (in a transaction, rolled back): the rows
+    are still locked, and returned, in code point order."""
+    from django.db import transaction
+
+    store = Store(postgres_database)
+    tag = uuid.uuid4().hex[:8]
+    names = [f"b-{tag}", f"B-{tag}", f"a-{tag}", f"_-{tag}", f"A-{tag}"]
+    for name in names:
+        store.prepare_job(name)
+    table = JobLock._meta.db_table
+    with transaction.atomic(using=postgres_database):
+        with connections[postgres_database].cursor() as cursor:
+            cursor.execute(
+                f'ALTER TABLE "{table}" ALTER COLUMN "job" TYPE varchar(255) COLLATE "en-US-x-icu"'
+            )
+            cursor.execute(f'SELECT "job" FROM "{table}" WHERE "job" = ANY(%s) ORDER BY "job"',
+                           [names])
+            assert [row[0] for row in cursor.fetchall()] != sorted(names)  # a real difference
+        _, rows = store._lock_jobs(names)
+        transaction.set_rollback(True, using=postgres_database)
+    assert list(rows) == sorted(names)
+
+
+@pytest.mark.postgres
 def test_postgres_array_literals_read_back_as_the_values_sent(postgres_database: str) -> None:
     """The claim and finish functions' arrays go as one literal string each (psycopg's
     list dumper cost a worker a millisecond a batch): every value reads back as it was,

@@ -26,7 +26,7 @@ from django.db import (
 )
 from django.db.models import BigIntegerField, F, Field, Value
 from django.db.models.constants import OnConflict
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models.functions import Coalesce, Collate, Greatest
 from django.utils import timezone
 
 from ...models import JobLock, Run, RunAttempt, RunState
@@ -247,14 +247,20 @@ class Tables:
 
     def _lock_jobs(self, jobs: list[str], *fields: str) -> tuple[int, dict[str, tuple[Any, ...]]]:
         """Lock the rows of ``jobs`` (which exist) in job order; the server's ``now`` and
-        each job's ``fields``. One order for every caller: two never wait in a circle."""
+        each job's ``fields``. One order for every caller: two never wait in a circle.
+
+        On PostgreSQL that order is the code points' (``COLLATE "C"``), whatever the
+        database's collation: the claim function locks a batch's jobs in the order the
+        backend sorted them in Python.
+        """
         locks = JobLock.objects.using(self.using).filter(job__in=jobs)
         if self.vendor == "sqlite":
             locks.update(job=F("job"))  # takes the database's write lock first
         else:
             locks = locks.select_for_update()
+        order = Collate("job", "C") if self.vendor == "postgresql" else F("job")
         rows = list(
-            locks.order_by("job").annotate(now=ServerNowMs()).values_list("job", "now", *fields)
+            locks.order_by(order).annotate(now=ServerNowMs()).values_list("job", "now", *fields)
         )
         now = max((int(row[1]) for row in rows), default=None)
         return (self.now_ms() if now is None else now), {row[0]: row[2:] for row in rows}
