@@ -1,23 +1,22 @@
-"""PostgreSQL fast paths: one round trip per claim through the migrations' functions.
+"""PostgreSQL fast paths: one round trip per call through the migrations' functions.
 
-``anarchon_claim_v1`` (migration 0001) decides ``claim()``; ``anarchon_run_claim_v3``
-(migration 0008) decides the common cases of ``runs.claim()`` (a new run, with the sweep;
-a claim before its slot; the same token again; a live lease) and answers ``'other'`` for
-the rest, which then take the general lock path in ``locked.py``. Each is one ``SELECT``
-in autocommit mode: no BEGIN, no COMMIT, one round trip. The ``*_v1`` and ``*_v2`` run
-functions stay installed for the previous releases during a rolling deploy; this release
-calls v2 only through v3.
+Each call is one ``SELECT`` of a function in autocommit mode (no BEGIN, no COMMIT):
+``anarchon_claim_v1`` (0001) for ``claim()``; for ``runs.claim_many()``, and for a single
+``runs.claim()`` of a new run as a batch of one, ``anarchon_run_claim_many_v6`` (0011),
+which locks every job's row of the batch first, decides the batch's new runs together,
+and sends the rest through ``anarchon_run_claim_many_v4`` (0009); ``anarchon_finish_many_v1``
+(0009) for ``runs.finish_many()``: each end's finish, its history record and each job's
+prune. A claim these functions do not settle (a takeover, a retry, a pause in force, a
+``late`` or ``overlap`` answer that owes its ledger mark) comes back ``'other'`` and takes
+the general lock path in ``locked.py``.
 
-Migration 0009 adds ``anarchon_finish_many_v1``, which ends a batch of attempts in one
-round trip (each finish, its history record and each job's prune, as ``Store.finish_many``
-does them through the ORM, four statements per run there), and ``anarchon_run_claim_v4``:
-v3, with a run that is done answered ``done`` instead of ``'other'`` (the lock path).
+``functions_level`` says which migrations' functions are there: a database behind this
+release (a rolling deploy) is called through the newest functions it has, with a warning.
+The older functions stay installed, unchanged, for the previous releases.
+docs/backends/database.md describes each version.
 
-v3 is v2 (unchanged) behind the ledger's rules: a job whose pause is in force (by the
-server's clock) never reaches v2 and comes back ``'paused'``, for the lock path to answer
-and mark. A ``late`` or ``overlap`` answer that owes a mark (v3 also says whether the
-slot has one) is not final either: v2 wrote nothing that stays, so the lock path decides
-the claim again and marks it in the same transaction.
+The arrays go as one literal string each (``texts``, ``ints``, ``bools``): psycopg dumps a
+list element by element in Python, four times the CPU of the join.
 """
 
 from __future__ import annotations
