@@ -282,3 +282,25 @@ def test_a_winner_that_said_it_won_is_judged_from_its_claim() -> None:
     only(verdict(lines, [*ahead, Event("kill", 16_900, "w2")], lease=False), "missed")
     lost = [x for x in lines if x.event != "claim"]  # the same death, without its claim line
     only(verdict(lost, [*ahead, Event("kill", 13_100, "w2")], lease=False), "missed")
+
+
+def test_a_claimer_killed_while_behind_its_clock_may_have_had_its_claim_in_flight() -> None:
+    """Seen in CI (rabbitmq, a loaded machine): a +5 s worker whose claims were answered
+    2.6 s behind its clock was killed; two slots it had claimed, answered to nobody, never
+    ran, and every other worker's claim of them lost. Its lag excuses a kill that late;
+    a slot another worker could still have won, or a worker that kept up, does not."""
+    lines = [x for x in clean_lines() if not (x.job == "a" and x.slot == 14_000)]
+    lines.append(line("a", 14_000, "w0", 14_002, event="claim", reason="lost", attempt=0))
+    # w2's answers came 2.5 s after it would have claimed (true time slot - 5 s).
+    behind = [line("a", s, "w2", s - 5000 + 2500, event="claim", reason="lost", attempt=0,
+                   skew=5000) for s in (12_500, 12_800)]
+    events = [*clean_events(), *worker("w2", skew=5000, ready=5_000)[:2],
+              Event("kill", 9_000 + 2_600, "w2")]  # 2.6 s after it would claim 14,000
+    v = verdict([*lines, *behind], events, lease=False)
+    assert v.ok and v.excused == {"missed: claimer killed with its claim in flight": 1}, v.summary()
+    only(verdict(lines, events, lease=False), "missed")  # no lag seen: kept up
+    nobody = [x for x in lines if not (x.event == "claim" and x.slot == 14_000)]
+    only(verdict([*nobody, *behind], events, lease=False), "missed")  # nobody lost it
+    late = [*clean_events(), *worker("w2", skew=5000, ready=5_000)[:2],
+            Event("kill", 9_000 + 4_000, "w2")]  # past lag + claim_bound
+    only(verdict([*lines, *behind], late, lease=False), "missed")
