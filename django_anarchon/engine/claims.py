@@ -194,9 +194,12 @@ class ClaimFlows(ClaimAnswers):
         if held is None:
             return
         until = self._held_until(held, asyncio.get_running_loop().time())
-        if until is not None:
+        if until is None:
+            self._release(name, held)
+        else:
             self._wake_held(until)
-            return
+
+    def _release(self, name: str, held: _Held) -> None:
         del self._held[name]
         for slot in held.slots:
             self._due_now(held.job, slot)
@@ -223,9 +226,7 @@ class ClaimFlows(ClaimAnswers):
         for name, held in list(self._held.items()):
             until = self._held_until(held, now)
             if until is None:
-                del self._held[name]
-                for slot in held.slots:
-                    self._due_now(held.job, slot)
+                self._release(name, held)
             elif soonest is None or until < soonest:
                 soonest = until
         if soonest is not None:
