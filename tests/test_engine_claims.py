@@ -756,3 +756,45 @@ async def _ticks_run_without_a_skip(
     assert events.named("skip") == [], events.items
     slots = sorted(c["slot"] for c in calls.items)
     assert slots == list(range(slots[0], slots[0] + 200 * len(slots), 200)), slots
+
+
+@pytest.mark.parametrize("how", ["alone", "batch"])
+async def test_a_claim_whose_answer_was_lost_is_asked_again_past_max_late(how: str) -> None:
+    """A fault run (PostgreSQL restarted): a batch's claim reached the store, its answer
+    was lost with the connection, and the retries with the same token met a server still
+    starting until after the slot's ``max_late``. They gave up there, so the run stayed
+    held and never started. A claim is asked again within its lease past ``max_late``:
+    the store answers the same token ``won`` (and one it never saw ``late``)."""
+    backend = MemoryBackend(clock=real_ms)
+    lost_until = time.monotonic() + 0.5  # the store answers nothing for 500 ms
+    real_claim, real_many = backend.runs.claim, backend.runs.claim_many
+
+    async def claim(c: RunClaim) -> ClaimOutcome:
+        outcome = await real_claim(c)
+        if time.monotonic() < lost_until:
+            raise ConnectionError("server closed the connection unexpectedly")
+        return outcome
+
+    async def claim_many(batch: list[RunClaim]) -> list[ClaimOutcome]:
+        outcomes = await real_many(batch)
+        if time.monotonic() < lost_until:
+            raise ConnectionError("server closed the connection unexpectedly")
+        return outcomes
+
+    backend.runs.claim = claim  # type: ignore[method-assign]
+    backend.runs.claim_many = claim_many  # type: ignore[method-assign]
+    calls = Calls()
+    s = Scheduler(backend, instance_id="A")
+    names = ["lost"] if how == "alone" else ["lost", "lost-too"]
+    for name in names:
+        s.every(name, "1h", lambda ctx: calls.add(job=ctx.name, slot=ctx.slot), max_late="200ms")
+    await s.start()
+    try:
+        slot = real_ms() - 10
+        for name in names:
+            s._claims.due(s.get_job(name), slot)
+        await wait_for(lambda: len(calls) == len(names), 3, "every slot started")
+        assert time.monotonic() >= lost_until  # after the answers came back, past max_late
+    finally:
+        await stop_all(s)
+    assert sorted(c["job"] for c in calls.items) == names

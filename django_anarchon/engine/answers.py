@@ -150,6 +150,18 @@ class ClaimAnswers:
             await self.capacity.admit(self._backlog_s(job))
         return 1
 
+    def _retry_until(self, due_by: int) -> int:
+        """Until when (this worker's epoch ms) a scheduled claim is sent again after an
+        error: the claim's lease past ``due_by`` (slot + ``max_late``, the store's clock).
+
+        A claim that reached the store in time and lost only its answer (a restart, a cut
+        connection) is answered ``won`` again for the same token while its lease holds;
+        one that never reached the store is answered ``late`` by it. Retries that gave up
+        at ``due_by`` by this worker's clock left the first kind held and never started
+        (a fault run: a PostgreSQL restart outlasted a slot's ``max_late`` by a second).
+        """
+        return self.host.clock.local(due_by) + self.host.lease_ms
+
     def _backlog_s(self, job: Job) -> float:
         """How long a sync claim waits for a free thread before it goes out anyway."""
         backlog = self.capacity.backlog

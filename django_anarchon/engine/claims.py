@@ -391,7 +391,9 @@ class ClaimFlows(ClaimAnswers):
             await self._claim_only(job, slot, admitted=admitted)
         else:
             claim = self.run_claim(job, slot, "scheduled", job.options.max_late_ms)
-            await self._lease_claim(job, claim, slot + job.options.max_late_ms, admitted=admitted)
+            await self._lease_claim(
+                job, claim, self._retry_until(slot + job.options.max_late_ms), admitted=admitted
+            )
 
     async def _claim_batch(self, batch: list[tuple[Job, int]]) -> None:
         """Claim several due slots in one round trip (``claim_many``), then follow each."""
@@ -422,7 +424,9 @@ class ClaimFlows(ClaimAnswers):
             asked = time.monotonic()
             with self.capacity.holding(syncs):
                 try:
-                    outcomes = await self._decide_many(live, claims, what, deadline)
+                    outcomes = await self._decide_many(
+                        live, claims, what, self._retry_until(deadline)
+                    )
                 except Exception:
                     outcomes = None  # logged; each claim goes on alone with the same token
             lost: list[tuple[Job, RunClaim, ClaimOutcome]] = []
@@ -434,7 +438,7 @@ class ClaimFlows(ClaimAnswers):
                     self._lease_claim(
                         job,
                         claims[i],
-                        slot + job.options.max_late_ms,
+                        self._retry_until(slot + job.options.max_late_ms),
                         None if outcomes is None else Answer(outcomes[i], asked),
                     ),
                     f"{job.name}@{iso(slot)}",
