@@ -215,6 +215,22 @@ _CLAIM_ARRAYS: tuple[Callable[[Iterable[Any]], str], ...] = (
 )
 
 
+#: The literal of each array argument of ``anarchon_finish_many_v1``, in ``_end_args`` order.
+_FINISH_ARRAYS: tuple[Callable[[Iterable[Any]], str], ...] = (
+    texts, ints, texts, texts, texts, ints, bools, texts, ints, ints, ints, texts, ints, ints,
+)
+
+
+def _end_args(e: RunEnd) -> list[Any]:
+    """An end's values for ``anarchon_finish_many_v1``'s arrays (before its two constants)."""
+    r = e.result
+    return [
+        e.job, e.slot, e.token, e.status, r.by, r.attempt, r.manual,
+        "manual" if r.manual else r.reason, r.started_at, r.finished_at, r.duration_ms,
+        r.error, e.history_size, e.history_ttl_ms,
+    ]
+
+
 def _args(c: RunClaim) -> list[Any]:
     """A claim's arguments to ``anarchon_run_claim_v3``/``v4`` (before v4's two constants)."""
     return [
@@ -273,31 +289,15 @@ def finish_many(connection: BaseDatabaseWrapper, ends: list[RunEnd]) -> list[boo
     Sent in (job, slot) order, as claims are, so that batches of two instances never wait
     on each other in a circle; each job is pruned once, after its last record.
     """
+    if not ends:
+        return []
     order = sorted(range(len(ends)), key=lambda i: (ends[i].job, ends[i].slot))
-    batch = [ends[i] for i in order]
-    results = [e.result for e in batch]
-    rows = _rows(
-        connection,
-        FINISH_MANY_SQL,
-        [
-            texts(e.job for e in batch),
-            ints(e.slot for e in batch),
-            texts(e.token for e in batch),
-            texts(e.status for e in batch),
-            texts(r.by for r in results),
-            ints(r.attempt for r in results),
-            bools(r.manual for r in results),
-            texts("manual" if r.manual else r.reason for r in results),
-            ints(r.started_at for r in results),
-            ints(r.finished_at for r in results),
-            ints(r.duration_ms for r in results),
-            texts(r.error for r in results),
-            ints(e.history_size for e in batch),
-            ints(e.history_ttl_ms for e in batch),
-            DEFAULT_KEEP_MS,
-            MIN_KEEP_MS,
-        ],
-    )
+    per_end = [_end_args(ends[i]) for i in order]
+    arrays = [
+        literal(column)
+        for literal, column in zip(_FINISH_ARRAYS, zip(*per_end, strict=True), strict=True)
+    ]
+    rows = _rows(connection, FINISH_MANY_SQL, [*arrays, DEFAULT_KEEP_MS, MIN_KEEP_MS])
     finished = [False] * len(ends)
     for index, acted in rows:
         finished[order[int(index) - 1]] = bool(acted)
