@@ -41,7 +41,8 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,8 @@ class Report:
     first: int | None
     bursts: list[int]
     claimed: list[int]
+    #: each burst's runs per worker, the busiest first
+    shares: list[list[int]] = field(default_factory=list)
     cpu_s: float = 0.0
     gc_ms: float = 0.0
     gc_max_ms: float = 0.0
@@ -326,7 +329,9 @@ def _report(store: str, workload: str, results: list[dict[str, Any]], names: lis
     ready = max(r["ready"] for r in results)
     seen: dict[tuple[str, int], int] = {}
     duplicates = 0
+    per_worker: list[Counter[int]] = []
     for r in results:
+        per_worker.append(Counter(slot for _, slot, _ in r["starts"]))
         for job, slot, start in r["starts"]:
             if (job, slot) in seen:
                 duplicates += 1
@@ -358,18 +363,19 @@ def _report(store: str, workload: str, results: list[dict[str, Any]], names: lis
     steady_from = first_slot + WARM_UP_MS
     lateness = sorted(late for slot, late in measured if slot >= steady_from or workload == "burst")
     first = max((late for slot, late in measured if slot == first_slot), default=None)
-    bursts, claimed = [], []
+    bursts, claimed, shares = [], [], []
     if workload == "burst":
         answers = [(slot, at - slot) for r in results for slot, at in r.get("claims", ())]
         for slot in due:
             lates = [late for s, late in measured if s == slot]
             if lates:
                 bursts.append(max(lates))
+                shares.append(sorted((ran[slot] for ran in per_worker), reverse=True))
             won = [late for s, late in answers if s == slot]
             if won:
                 claimed.append(max(won))
     return Report(store, workload, len(seen), duplicates, misses, skips, lateness, first, bursts,
-                  claimed, cpu_s=sum(r.get("cpu_s", 0.0) for r in results),
+                  claimed, shares, cpu_s=sum(r.get("cpu_s", 0.0) for r in results),
                   gc_ms=sum(r.get("gc_ms", 0.0) for r in results),
                   gc_max_ms=max(r.get("gc_max_ms", 0.0) for r in results))
 
@@ -414,6 +420,12 @@ def _print(reports: list[Report], args: argparse.Namespace, skipped: list[str]) 
         if r.store not in peers.PEERS:
             print(f"| {r.store} | {r.workload} | {r.cpu_s:.1f} s | {r.gc_ms:,.0f} ms "
                   f"| {r.gc_max_ms:.0f} ms |")
+    split = [r for r in reports if r.shares]
+    if split:
+        print("\nEach burst's runs per worker, the busiest first (the last handler is usually "
+              "the busiest worker's).\n")
+        for r in split:
+            print(f"- {r.store}: " + "; ".join("/".join(map(str, s)) for s in r.shares))
     notes = [r.note for r in reports if r.note]
     if notes:
         print("\n" + "\n".join(f"- {n}" for n in notes))
