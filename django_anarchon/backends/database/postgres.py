@@ -221,6 +221,14 @@ _FINISH_ARRAYS: tuple[Callable[[Iterable[Any]], str], ...] = (
 )
 
 
+def _arrays(
+    literals: tuple[Callable[[Iterable[Any]], str], ...], rows: list[list[Any]]
+) -> list[str]:
+    """One array literal per column of ``rows`` (a row per claim or end, in batch order)."""
+    columns = zip(*rows, strict=True)
+    return [literal(column) for literal, column in zip(literals, columns, strict=True)]
+
+
 def _end_args(e: RunEnd) -> list[Any]:
     """An end's values for ``anarchon_finish_many_v1``'s arrays (before its two constants)."""
     r = e.result
@@ -253,11 +261,7 @@ def run_claim_many(
         return []
     order = sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot))
     # One array per argument of the single-claim function, in batch order.
-    per_claim = [_args(claims[i]) for i in order]
-    params: list[Any] = [
-        literal(column)
-        for literal, column in zip(_CLAIM_ARRAYS, zip(*per_claim, strict=True), strict=True)
-    ]
+    params: list[Any] = _arrays(_CLAIM_ARRAYS, [_args(claims[i]) for i in order])
     many_v4 = {11: RUN_CLAIM_MANY_V6_SQL, 10: RUN_CLAIM_MANY_V5_SQL}.get(
         level, RUN_CLAIM_MANY_V4_SQL
     )
@@ -292,11 +296,7 @@ def finish_many(connection: BaseDatabaseWrapper, ends: list[RunEnd]) -> list[boo
     if not ends:
         return []
     order = sorted(range(len(ends)), key=lambda i: (ends[i].job, ends[i].slot))
-    per_end = [_end_args(ends[i]) for i in order]
-    arrays = [
-        literal(column)
-        for literal, column in zip(_FINISH_ARRAYS, zip(*per_end, strict=True), strict=True)
-    ]
+    arrays = _arrays(_FINISH_ARRAYS, [_end_args(ends[i]) for i in order])
     rows = _rows(connection, FINISH_MANY_SQL, [*arrays, DEFAULT_KEEP_MS, MIN_KEEP_MS])
     finished = [False] * len(ends)
     for index, acted in rows:
