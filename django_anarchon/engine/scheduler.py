@@ -1,7 +1,9 @@
 """The scheduler: its lifecycle, one timer, and the claim-run-record cycle of each slot.
 
 Its jobs are defined and checked in ``registration.py``, the operator's ledger, pauses
-and backfills are ``operations.py`` (both mixins of ``Scheduler``). Everything runs on one asyncio loop (the one ``start()`` is awaited on). The timer wakes
+and backfills are ``operations.py`` (both mixins of ``Scheduler``).
+
+Everything runs on one asyncio loop (the one ``start()`` is awaited on). The timer wakes
 for the next due slot; each due slot gets a short-lived task that claims it and, on a
 win, runs it through the :class:`~.runner.Runner`. Nothing a handler, a callback or a
 store does may end the scheduler: every task catches, logs, emits ``error``, and goes on.
