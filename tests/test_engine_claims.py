@@ -26,6 +26,7 @@ from .test_engine_support import (
     Events,
     Recording,
     iso_in,
+    off_the_clock,
     queue_behind_a_full_pool,
     real_ms,
     stop_all,
@@ -632,7 +633,7 @@ async def test_a_full_pool_sends_the_slots_it_follows_with_the_next_batch() -> N
     s = Scheduler(backend, instance_id="F", threads=2)
     names = [f"followed{i}" for i in range(50)]
     for name in names:
-        s.every(name, "1h", lambda ctx: None)
+        s.every(name, "1h", lambda ctx: None, offset=off_the_clock())
     await s.start()
     try:
         flows = s._claims
@@ -677,7 +678,8 @@ async def test_held_slots_share_one_timer_and_each_goes_when_its_own_wait_ends(
     s = Scheduler(backend, instance_id="F")
     followed = [f"followed{i}" for i in range(100)]
     for name in [*followed, "ending", "still-ending"]:
-        s.every(name, "1h", lambda ctx: None, max_late="4s")  # an ending holds up to 2 s
+        # An ending holds up to 2 s.
+        s.every(name, "1h", lambda ctx: None, max_late="4s", offset=off_the_clock())
     await s.start()
     try:
         flows, loop = s._claims, asyncio.get_running_loop()
@@ -787,7 +789,8 @@ async def test_a_claim_whose_answer_was_lost_is_asked_again_past_max_late(how: s
     s = Scheduler(backend, instance_id="A")
     names = ["lost"] if how == "alone" else ["lost", "lost-too"]
     for name in names:
-        s.every(name, "1h", lambda ctx: calls.add(job=ctx.name, slot=ctx.slot), max_late="200ms")
+        s.every(name, "1h", lambda ctx: calls.add(job=ctx.name, slot=ctx.slot), max_late="200ms",
+                offset=off_the_clock())
     await s.start()
     try:
         slot = real_ms() - 10

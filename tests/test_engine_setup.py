@@ -343,7 +343,8 @@ def stuck(ctx):
 
 async def main():
     s = Scheduler(MemoryBackend(), instance_id="A")
-    s.every("stuck", "1h", stuck)
+    half_away = (time.time_ns() // 1_000_000 + 1_800_000) % 3_600_000  # no slot at start
+    s.every("stuck", "1h", stuck, offset=f"{half_away}ms")
     await s.start()
     task = asyncio.ensure_future(s.arun_now("stuck"))
     await asyncio.to_thread(started.wait, 10)

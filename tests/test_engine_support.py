@@ -36,6 +36,15 @@ def iso_in(ms: int) -> str:
     return datetime.fromtimestamp((now_ms() + ms) / 1000, tz=UTC).isoformat()
 
 
+def off_the_clock(interval_ms: int = 3_600_000) -> str:
+    """An ``offset`` that puts an ``every`` job's slots half an interval from now.
+
+    A job a test drives by hand must neither fall due during the test nor run a slot at
+    start (one within ``max_late``): an hourly job started just after the hour did.
+    """
+    return f"{(now_ms() + interval_ms // 2) % interval_ms}ms"
+
+
 async def wait_for(
     condition: Callable[[], bool],
     timeout: float = 5.0,  # noqa: ASYNC109 - a polling deadline, not a cancel scope
