@@ -8,6 +8,7 @@ gives each slot to exactly one claimer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -182,6 +183,16 @@ async def test_takeover_keeps_a_result_the_runner_saved() -> None:
     assert outcome == ClaimOutcome.won(2)
     first = next(r for r in await backend.history(job, 10) if r.attempt == 1)
     assert (first.status, first.error) == ("failed", "boom")
+
+
+def test_a_result_s_dict_is_a_copy_of_its_fields_and_reads_back() -> None:
+    result = StoredResult(T0, "A", 2, "failed", T0, T0 + 10, 10, error="boom", manual=True,
+                          reason="takeover")
+    data = result.to_dict()
+    assert data == dataclasses.asdict(result)
+    data["by"] = "B"
+    assert result.by == "A"
+    assert StoredResult.from_dict(result.to_dict()) == result
 
 
 async def test_lease_expiry_follows_the_store_clock() -> None:

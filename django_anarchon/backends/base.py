@@ -220,7 +220,9 @@ class StoredResult:
     reason: RunReason = "scheduled"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Every field is a scalar: a shallow copy is the same dict as ``asdict``, without
+        # its recursive deep copy (a tenth of a Redis worker's CPU in a burst of runs).
+        return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StoredResult:
