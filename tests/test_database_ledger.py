@@ -255,6 +255,30 @@ def test_job_since_at_once_agrees(alias: str) -> None:
     assert all(new >= old for new, old in zip(answers[0], first, strict=True))
 
 
+def test_job_since_reads_known_jobs_without_a_lock_and_writes_in_one_statement(
+    alias: str,
+) -> None:
+    """Every instance asks at start, and claims lock the same rows: a locking read of a
+    thousand known jobs, and a ``CASE`` of a thousand branches to write them, held a
+    burst's first claims up to a second (issue 10)."""
+    store = Store(alias)
+    jobs = [(_job(f"known{i}"), "every 1m") for i in range(300)]
+    first = store.ledger.job_since(jobs)
+    again, trips = count(alias, lambda: store.ledger.job_since(jobs))
+    assert again == first
+    assert trips.transactions == 0 and len(trips.statements) == 1, trips.statements
+    changed = [(job, "every 2m") for job, _ in jobs[:200]] + jobs[200:]
+    answers, trips = count(alias, lambda: store.ledger.job_since(changed))
+    assert answers[200:] == first[200:] and answers[0] >= first[0]
+    assert len(set(answers[:200])) == 1
+    assert trips.transactions == 1, trips.statements
+    writes = [sql for sql, _ in trips.statements if sql.lstrip().upper().startswith("UPDATE")]
+    # SQLite takes its write lock with an UPDATE too; PostgreSQL's jobs go in an array.
+    assert len(writes) == (2 if store.vendor == "sqlite" else 1), trips.statements
+    assert store.vendor != "postgresql" or "CASE" not in writes[0].upper(), writes
+    assert store.ledger.job_since(changed) == answers
+
+
 # -- the other methods: round trips, columns ---------------------------------------------
 
 

@@ -314,8 +314,9 @@ class LedgerTests(ContractBase):
 
     def _race(self, make_backend: BackendFactory, *, shared: bool) -> None:
         """Round after round, many claimers at once: of a late slot (one mark), of a
-        paused job's slot (all paused, one mark), of a backfill slot (one winner), and
-        overlapping missed ranges (no slot covered twice)."""
+        paused job's slot (all paused, one mark), of a backfill slot (one winner),
+        overlapping missed ranges (no slot covered twice), and since when a new or changed
+        job is known (one answer for all)."""
 
         async def scenario(backends: _Backends) -> None:
             if shared:
@@ -330,7 +331,7 @@ class LedgerTests(ContractBase):
             base = _past_ms() - 3_600_000
             for r in range(self.ledger_rounds):
                 slot = base + r * 10_000
-                late, held, backfill, missed = await asyncio.gather(
+                late, held, backfill, missed, since = await asyncio.gather(
                     asyncio.gather(*(
                         s.claim(self._claim(
                             job, slot, f"l{r}-{i}", max_late_ms=1000, history_size=1000
@@ -356,6 +357,12 @@ class LedgerTests(ContractBase):
                         )
                         for i, s in enumerate(stores)
                     )),
+                    asyncio.gather(*(  # a new job, and a known one whose schedule changed
+                        s.job_since(  # type: ignore[attr-defined]
+                            [(f"{job}-new{r}", "every 1m"), (paused, f"every {r + 2}m")]
+                        )
+                        for s in stores
+                    )),
                 )
                 assert all(a.kind == "late" for a in late), (r, late)
                 assert all(a == ClaimOutcome.paused() for a in held), (r, held)
@@ -363,6 +370,7 @@ class LedgerTests(ContractBase):
                 assert len(winners) == 1, (r, backfill)
                 assert all(a.kind in ("won", "running") for a in backfill), (r, backfill)
                 assert sum(missed) >= 1, (r, missed)
+                assert len({tuple(answer) for answer in since}) == 1, (r, since)
             marks = await first.marks(job, None, None, 10_000)
             self._assert_disjoint(marks)
             late_marks = [m for m in marks if m.reason == "late"]

@@ -23,6 +23,7 @@ from django.db.models.expressions import Case, When
 from ...exceptions import ConfigurationError
 from ...models import JobLock, LedgerMark, RunAttempt
 from ..base import PauseState, SlotMark
+from . import postgres
 from .clock import ServerNowMs
 
 if TYPE_CHECKING:
@@ -257,9 +258,13 @@ class Ledger:
         return found
 
     def job_since(self, jobs: Sequence[tuple[str, str]]) -> list[int]:
-        """One transaction: the rows locked in job order, one ``UPDATE`` of the new or
-        changed fingerprints (``known_since_ms`` = the server's now), the answers.
+        """A read without locks answers the jobs the store knows with these fingerprints
+        (every job, after the first start of a deploy). The rest take one transaction: their
+        rows locked in job order, one ``UPDATE`` of the new or changed fingerprints
+        (``known_since_ms`` = the server's now), the answers.
 
+        The read matters: claims lock the same rows, and every instance asks at start, so a
+        locking read of a thousand jobs held a burst's claims up to a second.
         A job named twice takes its last fingerprint (both answers are its instant).
         """
         for job, fingerprint in jobs:
@@ -268,28 +273,45 @@ class Ledger:
         if not wanted:
             return []
 
-        def since() -> dict[str, int]:
-            with self.store._write():
-                self.store._ensure_locks(list(wanted))
-                now, stored = self.store._lock_jobs(
-                    list(wanted), "schedule_fingerprint", "known_since_ms"
-                )
-                changed = [
-                    job for job, fingerprint in wanted.items()
-                    if stored[job][0] != fingerprint or stored[job][1] is None
-                ]
-                if changed:
-                    JobLock.objects.using(self.using).filter(job__in=changed).update(
-                        schedule_fingerprint=Case(
-                            *(When(job=job, then=Value(wanted[job])) for job in changed),
-                            default=F("schedule_fingerprint"),
-                            output_field=CharField(),
-                        ),
-                        known_since_ms=now,
-                    )
-                return {
-                    job: now if job in changed else int(stored[job][1]) for job in wanted
-                }
+        def known() -> dict[str, int]:
+            rows = JobLock.objects.using(self.using).filter(job__in=list(wanted)).values_list(
+                "job", "schedule_fingerprint", "known_since_ms"
+            )
+            return {
+                job: int(since) for job, fingerprint, since in rows
+                if since is not None and fingerprint == wanted[job]
+            }
 
-        answers = self.store._retrying(since)
+        answers = self.store._retrying(known)
+        rest = {job: fp for job, fp in wanted.items() if job not in answers}
+        if rest:
+            answers.update(self.store._retrying(lambda: self._record_since(rest)))
         return [answers[job] for job, _ in jobs]
+
+    def _record_since(self, wanted: dict[str, str]) -> dict[str, int]:
+        """``job_since``'s locking step, for the jobs its read did not answer."""
+        with self.store._write():
+            self.store._ensure_locks(list(wanted))
+            now, stored = self.store._lock_jobs(
+                list(wanted), "schedule_fingerprint", "known_since_ms"
+            )
+            changed = [
+                job for job, fingerprint in wanted.items()
+                if stored[job][0] != fingerprint or stored[job][1] is None
+            ]
+            if changed and self.store.vendor == "postgresql":
+                connection = connections[self.using]
+                postgres.set_fingerprints(
+                    connection, connection.ops.quote_name(JobLock._meta.db_table),
+                    {job: wanted[job] for job in changed}, now,
+                )
+            elif changed:
+                JobLock.objects.using(self.using).filter(job__in=changed).update(
+                    schedule_fingerprint=Case(
+                        *(When(job=job, then=Value(wanted[job])) for job in changed),
+                        default=F("schedule_fingerprint"),
+                        output_field=CharField(),
+                    ),
+                    known_since_ms=now,
+                )
+            return {job: now if job in changed else int(stored[job][1]) for job in wanted}

@@ -229,6 +229,24 @@ def _arrays(
     return [literal(column) for literal, column in zip(literals, columns, strict=True)]
 
 
+def set_fingerprints(
+    connection: BaseDatabaseWrapper, table: str, fingerprints: dict[str, str], now: int
+) -> None:
+    """``job_since``'s write: the changed jobs' fingerprints from two arrays, one statement.
+
+    Django's ``Case`` of one ``When`` per job took 100 ms for a thousand jobs, to build
+    and to run (every row tests the branches in turn), while every instance starting
+    waited on those rows' locks.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS l SET schedule_fingerprint = v.fingerprint, "
+            "known_since_ms = %s FROM unnest(%s::text[], %s::text[]) AS v(job, fingerprint) "
+            "WHERE l.job = v.job",
+            [now, texts(fingerprints), texts(fingerprints.values())],
+        )
+
+
 def _end_args(e: RunEnd) -> list[Any]:
     """An end's values for ``anarchon_finish_many_v1``'s arrays (before its two constants)."""
     r = e.result
