@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .runner import Attempt
     from .timer import Timer
 
-__all__ = ["JobSpecLike", "RegistrationMixin"]
+__all__ = ["JobSpecLike", "JobState", "RegistrationMixin"]
 
 logger = logging.getLogger("django_anarchon")
 
@@ -50,7 +50,9 @@ class JobSpecLike(Protocol):
 
 
 @dataclass
-class _JobState:
+class JobState:
+    """A registered job and where the scheduler's timer stands with it."""
+
     job: Job
     #: The slot the timer is set for (``None``: nothing more to run).
     next_slot: int | None = None
@@ -79,14 +81,14 @@ class RegistrationMixin:
     job_defaults: JobOptions
     default_timezone: str
     clock: StoreClock
-    _jobs: dict[str, _JobState]
+    _jobs: dict[str, JobState]
     _running: bool
     _loop: asyncio.AbstractEventLoop | None
     _timer: Timer | None
     _attempts: set[Attempt]
 
     if TYPE_CHECKING:
-        def _arm_new(self, state: _JobState) -> None: ...
+        def _arm_new(self, state: JobState) -> None: ...
         def _initial_slot(self, job: Job, now: int) -> int | None: ...
 
     @overload
@@ -262,7 +264,7 @@ class RegistrationMixin:
             )
 
     def _add(self, job: Job) -> Job:
-        state = _JobState(job)
+        state = JobState(job)
         self._jobs[job.name] = state
         if self._running and self._loop is not None:
             self._loop.call_soon_threadsafe(self._arm_new, state)
@@ -307,7 +309,7 @@ class RegistrationMixin:
     def registered_jobs(self) -> list[Job]:
         return [state.job for state in self._jobs.values()]
 
-    def _state(self, name: str) -> _JobState:
+    def _state(self, name: str) -> JobState:
         state = self._jobs.get(name)
         if state is None:
             raise UnknownJobError(f"scheduler {self.name!r} has no job {name!r}")

@@ -53,7 +53,7 @@ from .ledger import LedgerKeeper
 from .operations import OperatorMixin
 from .owed import STOP_BOUND_MS, STOP_NOW_BOUND_MS, OwedRecords
 from .pool import DaemonThreadPool
-from .registration import RegistrationMixin, _JobState
+from .registration import JobState, RegistrationMixin
 from .runner import UNSET, Attempt, Runner
 from .timer import Timer, now_ms
 from .tracing import NO_TRACING, Tracing
@@ -141,7 +141,7 @@ class Scheduler(RegistrationMixin, OperatorMixin):
             self._config_error(str(exc), "default_timezone", default_timezone)
         self.job_defaults = self._defaults(job_defaults)
         self.data = data
-        self._jobs: dict[str, _JobState] = {}
+        self._jobs: dict[str, JobState] = {}
         self._events = EventRegistry()
         self._runner = Runner(self)
         self._pool: DaemonThreadPool | None = None
@@ -567,11 +567,11 @@ class Scheduler(RegistrationMixin, OperatorMixin):
             return latest
         return job.schedule.next_after(now)
 
-    def _arm_new(self, state: _JobState) -> None:
+    def _arm_new(self, state: JobState) -> None:
         if self._running and self._jobs.get(state.job.name) is state:
             self.spawn(self._prepare_and_arm(state), f"prepare {state.job.name}")
 
-    async def _prepare_and_arm(self, state: _JobState) -> None:
+    async def _prepare_and_arm(self, state: JobState) -> None:
         job = state.job
         await retry_store_call(
             f"scheduler {self.name}: prepare_job {job.name}",
@@ -582,7 +582,7 @@ class Scheduler(RegistrationMixin, OperatorMixin):
         if self._running and self._jobs.get(job.name) is state:
             self._arm(state, self.clock.now(), initial=True)
 
-    def _arm(self, state: _JobState, now: int, *, initial: bool) -> None:
+    def _arm(self, state: JobState, now: int, *, initial: bool) -> None:
         job = state.job
         if initial:
             slot = None if job.is_expired(now) else self._initial_slot(job, now)
