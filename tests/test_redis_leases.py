@@ -9,7 +9,10 @@ slot), never by sleeping; a lease is left to lapse by waiting on ``active()``.""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -29,6 +32,7 @@ from .redis_lease_support import (  # noqa: F401  (fixtures)
     run,
     run_hash,
     server_ms,
+    text,
     valkey_server,
 )
 
@@ -267,3 +271,103 @@ def test_new_runs_are_written_in_the_current_format(
         )
 
     run(make, body)
+
+
+# -- one script for a batch ------------------------------------------------------------------
+
+
+def test_a_batch_is_answered_as_its_claims_one_at_a_time(make: Make) -> None:
+    """``claim_many`` sends a batch in one script call (RUN_CLAIM_MANY): every kind of
+    answer, claims of one job in one batch, and what they write are as ``claim()``'s."""
+
+    async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
+        now = await server_ms(backend)
+        s = now - 1_000
+        Step = tuple[str, int, str, dict[str, Any]]
+
+        async def both(steps: list[Step]) -> list[tuple[ClaimOutcome, ClaimOutcome]]:
+            one = [await runs.claim(claim(f"one.{j}", slot, t, **kw)) for j, slot, t, kw in steps]
+            many = await runs.claim_many(
+                [claim(f"many.{j}", slot, t, **kw) for j, slot, t, kw in steps]
+            )
+            return list(zip(one, many, strict=True))
+
+        def timeless(o: ClaimOutcome) -> ClaimOutcome:
+            """The answer without what depends on when the store read its clock."""
+            return replace(o, late_ms=None, wait_ms=None)
+
+        for prefix in ("one", "many"):
+            await runs.pause(f"{prefix}.paused", "test", "t", None)
+        first = await both([
+            ("run", s, "a", {}),
+            ("run", s, "b", {}),  # the same job's slot again, in the same batch
+            ("run", s, "a", {}),  # its winner's token again: a renewal
+            ("cancel", s, "a", {"overlap": "cancel_other"}),
+            ("buffer", s, "a", {"overlap": "buffer_one"}),
+            ("skip", s, "a", {}),
+            ("retry", s, "a", {"max_attempts": 2}),
+            ("late", now - 600_000, "a", {"max_late_ms": 1_000}),
+            ("early", now + 60_000, "a", {}),
+            ("takeover", s, "a", {"mode": "takeover"}),
+            ("paused", s, "a", {}),
+        ])
+        assert [timeless(many) for _, many in first] == [
+            ClaimOutcome.won(1), ClaimOutcome.running(1), ClaimOutcome.won(1),
+            ClaimOutcome.won(1), ClaimOutcome.won(1), ClaimOutcome.won(1), ClaimOutcome.won(1),
+            timeless(ClaimOutcome.late(1)), timeless(ClaimOutcome.early(1)),
+            ClaimOutcome.none(), ClaimOutcome.paused(),
+        ]
+        late_ms, early_ms = first[7][1].late_ms, first[8][1].wait_ms
+        assert late_ms is not None and 599_000 <= late_ms < 660_000
+        assert early_ms is not None and 1 <= early_ms <= 60_000
+        for prefix in ("one", "many"):
+            assert await runs.finish(f"{prefix}.run", s, "a", "success")
+            assert await runs.finish(f"{prefix}.retry", s, "a", "failed")
+        second = await both([
+            ("cancel", s + 1, "b", {"overlap": "cancel_other"}),
+            ("buffer", s + 1, "b", {"overlap": "buffer_one"}),
+            ("skip", s + 1, "b", {}),
+            ("run", s, "c", {}),
+            ("retry", s, "c", {"max_attempts": 2}),
+        ])
+        assert [timeless(many) for _, many in second] == [
+            ClaimOutcome.won(1, cancelled=s), timeless(ClaimOutcome.buffered(s, 1)),
+            ClaimOutcome.overlap(s), ClaimOutcome.done(), ClaimOutcome.won(2),
+        ]
+        for one, many in first + second:
+            assert timeless(one) == timeless(many)
+        # What the two ways wrote is the same too: the runs, history and the ledger's marks.
+        for job in ("run", "cancel", "buffer", "skip", "retry", "late", "paused"):
+            assert await stored(backend, f"one.{job}") == await stored(backend, f"many.{job}")
+
+    run(make, body)
+
+
+async def stored(backend: RedisProtocolBackend, job: str) -> dict[str, Any]:
+    """Every key of ``job`` and what it holds, without the fields that carry a time."""
+    client = backend.client()
+    base = backend.job_key(job)
+    found: dict[str, Any] = {}
+    for key in await client.keys(f"{base}:*"):
+        name = text(key)[len(base):]
+        kind = text(await client.type(key))
+        if kind == "hash" and name == ":b":  # buffered slots, each held until a time
+            found[name] = sorted(text(k) for k in await client.hkeys(key))
+        elif kind == "hash":
+            raw = {text(k): text(v) for k, v in (await client.hgetall(key)).items()}
+            found[name] = {k: _timeless(v) for k, v in raw.items()
+                           if k not in {"lease_until", "started_at", "finished_at", "at"}}
+        elif kind == "zset":
+            found[name] = sorted(text(m) for m in await client.zrange(key, 0, -1))
+        else:
+            found[name] = kind
+    return found
+
+
+def _timeless(value: str) -> Any:
+    """A JSON record without its times (history, marks); other values as they are."""
+    if not value.startswith("{"):
+        return value
+    record = json.loads(value)
+    return {k: v for k, v in record.items()
+            if k not in {"at", "started_at", "finished_at", "duration_ms"}}

@@ -144,12 +144,25 @@ class _ClaimParts(NamedTuple):
     instance: bytes
     options: list[bytes]  # lease_ms ... buffer_limit
     tail: list[bytes]  # after the cancel reason
+    prefix: bytes  # ``base``, for RUN_CLAIM_MANY
+    #: RUN_CLAIM_MANY's option set: one object for every job with the same options.
+    option_set: tuple[bytes, ...]
 
 
 def _encoded(values: list[Any]) -> list[bytes]:
     """Strings and integers as redis-py and valkey encode them (UTF-8, ``repr``)."""
     return [value.encode() if isinstance(value, str) else repr(value).encode()
             for value in values]
+
+
+def _option_set(*fields: bytes) -> tuple[bytes, ...]:
+    """RUN_CLAIM_MANY's option set (a tuple the cache hands out once per distinct set)."""
+    return fields
+
+
+def _cancel_arg(c: RunClaim) -> str | bytes:
+    """Read only by a cancel_other claim (the fenced run's error): not built otherwise."""
+    return cancel_reason(c.slot, c.instance_id) if c.overlap == "cancel_other" else b""
 
 
 def _result_args(result: StoredResult, history_size: int, history_ttl_ms: int | None) -> list[Any]:
@@ -372,6 +385,10 @@ class RedisProtocolBackend(BaseBackend):
             gate = self._gates[loop] = asyncio.Semaphore(max(size - max(size // 10, 1), 1))
         return gate
 
+    def is_cluster(self) -> bool:
+        """Whether the client talks to a Redis Cluster: a script there touches one node."""
+        return hasattr(self.client(), "get_node_from_key")
+
     async def eval_many(
         self, calls: Sequence[tuple[Script, Sequence[str | bytes], Sequence[Any]]]
     ) -> list[Any]:
@@ -379,7 +396,7 @@ class RedisProtocolBackend(BaseBackend):
         if len(calls) <= 1:
             return [await self.eval(*call) for call in calls]
         client = self.client()
-        if hasattr(client, "get_node_from_key"):
+        if self.is_cluster():
             # A cluster pipeline refuses scripts; the cluster client sends to every node at once.
             return list(await asyncio.gather(*(self.eval(*call) for call in calls)))
         retry_on = self.driver.connection_errors()
@@ -622,6 +639,7 @@ class RedisRunStore(LedgerCalls):
         # Thread-safe (the sync twins claim from threads of their own), least recently
         # used out first.
         self._claim_parts = functools.lru_cache(maxsize=CLAIM_PARTS_KEPT)(self._new_claim_parts)
+        self._option_sets = functools.lru_cache(maxsize=CLAIM_PARTS_KEPT)(_option_set)
 
     def _run_key(self, job: str, slot: int) -> str:
         return f"{self._backend.job_key(job)}:r:{slot}"
@@ -633,9 +651,7 @@ class RedisRunStore(LedgerCalls):
         )
         keys: list[str | bytes] = [f"{parts.base}:r:{c.slot}", *parts.keys]
         args: list[Any] = [
-            c.slot, c.token, parts.instance, c.mode, c.reason, *parts.options,
-            # Read only by a cancel_other claim (the fenced run's error): not built otherwise.
-            cancel_reason(c.slot, c.instance_id) if c.overlap == "cancel_other" else b"",
+            c.slot, c.token, parts.instance, c.mode, c.reason, *parts.options, _cancel_arg(c),
             *parts.tail,
         ]
         return scripts.RUN_CLAIM, keys, args
@@ -648,22 +664,44 @@ class RedisRunStore(LedgerCalls):
         """What every claim of ``job`` with these options sends alike (every field of the
         claim but its slot, token, mode and reason: they are the cache's key)."""
         base = self._backend.job_key(job)
-        keys = [f"{base}:active", *self._backend.history_keys(job),
-                f"{base}:b", f"{base}:m", f"{base}:mi", f"{base}:p"]
+        keys = [f"{base}{suffix}" for suffix in scripts.CLAIM_KEY_SUFFIXES]
         options = [lease_ms, overlap, max_attempts, _opt(max_late_ms), _opt(keep_ms),
                    history_size, _opt(history_ttl_ms), f"{base}:r:", DEFAULT_KEEP_MS,
                    MIN_KEEP_MS, buffer_limit]
         tail = [buffer_hold_ms(lease_ms), BUFFER_WAIT_CAP_MS]
+        instance, encoded, ends = _encoded([instance_id])[0], _encoded(options), _encoded(tail)
+        option_set = self._option_sets(instance, *encoded[:7], *encoded[8:], *ends)
         return _ClaimParts(
-            base, _encoded(keys), _encoded([instance_id])[0], _encoded(options), _encoded(tail)
+            base, _encoded(keys), instance, encoded, ends, base.encode(), option_set
         )
 
     async def claim(self, input: RunClaim) -> ClaimOutcome:
         return _outcome(await self._backend.eval(*self._claim_call(input)))
 
     async def claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
-        results = await self._backend.eval_many([self._claim_call(c) for c in claims])
-        return [_outcome(r) for r in results]
+        """One script call for the whole batch where one node holds every job (a cluster
+        gets one per claim): a claim's thirty arguments cost the client far less than a
+        command and a reply of its own each."""
+        if len(claims) <= 1 or self._backend.is_cluster():
+            calls = [self._claim_call(c) for c in claims]
+            return [_outcome(r) for r in await self._backend.eval_many(calls)]
+        numbers: dict[int, int] = {}  # id(option set) -> its number in ARGV, from 1
+        sets: list[bytes] = []
+        per_claim: list[Any] = []
+        for c in claims:
+            parts = self._claim_parts(
+                c.job, c.instance_id, c.lease_ms, c.overlap, c.max_attempts, c.max_late_ms,
+                c.keep_ms, c.history_size, c.history_ttl_ms, c.buffer_limit,
+            )
+            number = numbers.get(id(parts.option_set))
+            if number is None:
+                number = numbers[id(parts.option_set)] = len(numbers) + 1
+                sets += parts.option_set
+            per_claim += (parts.prefix, c.slot, c.token, c.mode, c.reason,
+                          _cancel_arg(c), number)
+        reply = await self._backend.eval(scripts.RUN_CLAIM_MANY, [], [len(numbers), *sets,
+                                                                       *per_claim])
+        return [_outcome(word.split(":")) for word in _text(reply).split(" ")]
 
     async def peek_many(self, claims: list[RunClaim]) -> list[ClaimOutcome | None]:
         """What each claim would be answered where it would change nothing, read in one
@@ -675,7 +713,7 @@ class RedisRunStore(LedgerCalls):
             (self._run_key(c.job, c.slot), (c.token, c.max_attempts, _opt(c.keep_ms)))
             for c in claims
         ]
-        if hasattr(self._backend.client(), "get_node_from_key"):
+        if self._backend.is_cluster():
             replies = await self._backend.eval_many(
                 [(scripts.RUN_PEEK, [key], args) for key, args in calls]
             )
@@ -703,7 +741,15 @@ class RedisRunStore(LedgerCalls):
         return int(done) == 1
 
     async def finish_many(self, ends: list[RunEnd]) -> list[bool]:
-        """One script per end (its finish, then its record if that acted), pipelined."""
+        """Each end's finish, then its record if that acted: one script call for them all
+        where one node holds every job, else one script per end, pipelined."""
+        if len(ends) > 1 and not self._backend.is_cluster():
+            args: list[Any] = [DEFAULT_KEEP_MS, MIN_KEEP_MS]
+            for end in ends:
+                args += (self._backend.job_key(end.job), end.slot, end.token, end.status,
+                         *_result_args(end.result, end.history_size, end.history_ttl_ms))
+            reply = _text(await self._backend.eval(scripts.FINISH_RESULT_MANY, [], args))
+            return [digit == "1" for digit in reply]
         calls = []
         for end in ends:
             base = self._backend.job_key(end.job)

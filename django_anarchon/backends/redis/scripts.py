@@ -53,6 +53,7 @@ __all__ = [
     "CLAIM_KEY",
     "FINISH",
     "FINISH_RESULT",
+    "FINISH_RESULT_MANY",
     "HEARTBEAT",
     "HISTORY",
     "IDMP_CLAIM",
@@ -61,6 +62,7 @@ __all__ = [
     "NOW",
     "RELEASE",
     "RUN_CLAIM",
+    "RUN_CLAIM_MANY",
     "RUN_FORMAT",
     "RUN_PEEK",
     "SAVE_RESULT",
@@ -87,8 +89,8 @@ RUN_FORMAT = 2
 #: The format of the ledger's records: marks (JSON), the pause and since hashes.
 LEDGER_FORMAT = 1
 
-# Helpers shared by every script. History keys always come as KEYS[h]..KEYS[h+4]:
-# hc, hr, hs, he, hm. ``hist_*`` functions take that index.
+# Helpers shared by every script. ``hist_*`` functions take the job's five history keys as
+# one table H: hc, hr, hs, he, hm (``hist_at(h)``: KEYS[h]..KEYS[h+4]).
 _PRELUDE = f"local RUN_FORMAT = {RUN_FORMAT}\n" + r"""
 local function now_ms()
   local t = redis.call('TIME')
@@ -99,35 +101,39 @@ local function record_field(slot, attempt, manual, by)
   return string.format('%015d:%05d:%d:%s', slot, attempt, manual, by)
 end
 
-local function hist_drop(h, f)
-  redis.call('HDEL', KEYS[h], f)
-  redis.call('HDEL', KEYS[h + 1], f)
-  redis.call('ZREM', KEYS[h + 2], f)
-  redis.call('ZREM', KEYS[h + 3], f)
+local function hist_at(h)
+  return {KEYS[h], KEYS[h + 1], KEYS[h + 2], KEYS[h + 3], KEYS[h + 4]}
+end
+
+local function hist_drop(H, f)
+  redis.call('HDEL', H[1], f)
+  redis.call('HDEL', H[2], f)
+  redis.call('ZREM', H[3], f)
+  redis.call('ZREM', H[4], f)
   if string.sub(f, 23, 23) == '1' then
-    redis.call('HDEL', KEYS[h + 4], tostring(tonumber(string.sub(f, 1, 15))))
+    redis.call('HDEL', H[5], tostring(tonumber(string.sub(f, 1, 15))))
   end
 end
 
 -- Keep the newest ``size`` records and none that ended more than ``ttl`` ms ago.
-local function hist_prune(h, size, ttl, now)
+local function hist_prune(H, size, ttl, now)
   if size >= 0 then
-    for _, f in ipairs(redis.call('ZREVRANGE', KEYS[h + 2], size, -1)) do
-      hist_drop(h, f)
+    for _, f in ipairs(redis.call('ZREVRANGE', H[3], size, -1)) do
+      hist_drop(H, f)
     end
   end
   if ttl ~= '' then
     local ttl_ms = tonumber(ttl)
-    for _, f in ipairs(redis.call('ZRANGEBYSCORE', KEYS[h + 3], '-inf', '(' .. (now - ttl_ms))) do
-      hist_drop(h, f)
+    for _, f in ipairs(redis.call('ZRANGEBYSCORE', H[4], '-inf', '(' .. (now - ttl_ms))) do
+      hist_drop(H, f)
     end
     -- Nothing written later than now can outlive now + ttl: let Redis drop idle jobs.
-    for i = h, h + 4 do
-      redis.call('PEXPIRE', KEYS[i], ttl_ms + 1000)
+    for i = 1, 5 do
+      redis.call('PEXPIRE', H[i], ttl_ms + 1000)
     end
   else
-    for i = h, h + 4 do
-      redis.call('PERSIST', KEYS[i])
+    for i = 1, 5 do
+      redis.call('PERSIST', H[i])
     end
   end
 end
@@ -144,26 +150,26 @@ local function retain(key, slot, finished_at, keep, default_keep, min_keep, now)
   end
 end
 
-local function hist_claim(h, slot, by, at, attempt, manual, reason, token)
+local function hist_claim(H, slot, by, at, attempt, manual, reason, token)
   local f = record_field(slot, attempt, manual, by)
   local rec = {v = 1, slot = slot, by = by, at = at, attempt = attempt,
                manual = manual == 1, reason = reason}
-  redis.call('HSET', KEYS[h], f, cjson.encode(rec))
-  redis.call('ZADD', KEYS[h + 2], at, f)
-  redis.call('ZADD', KEYS[h + 3], at, f)
+  redis.call('HSET', H[1], f, cjson.encode(rec))
+  redis.call('ZADD', H[3], at, f)
+  redis.call('ZADD', H[4], at, f)
   if manual == 1 then
-    redis.call('HSET', KEYS[h + 4], tostring(slot), token)
+    redis.call('HSET', H[5], tostring(slot), token)
   end
 end
 
 -- Whether history holds an attempt of ``slot`` that is not a manual run: a record field
 -- that starts with the slot and says manual 0. ``hs`` holds every field of ``hc`` and
 -- ``hr``, whichever release wrote it, so the scan is never wrong about older records.
-local function hist_ran(h, slot)
+local function hist_ran(H, slot)
   local pattern = string.format('%015d', slot) .. ':?????:0:*'
   local cursor = '0'
   repeat
-    local page = redis.call('ZSCAN', KEYS[h + 2], cursor, 'MATCH', pattern, 'COUNT', 1000)
+    local page = redis.call('ZSCAN', H[3], cursor, 'MATCH', pattern, 'COUNT', 1000)
     if #page[2] > 0 then return true end
     cursor = page[1]
   until cursor == '0'
@@ -261,8 +267,8 @@ if holder then
 end
 local now = now_ms()
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
-hist_claim(2, tonumber(ARGV[1]), ARGV[3], now, 1, 0, 'scheduled', ARGV[2])
-hist_prune(2, tonumber(ARGV[5]), ARGV[6], now)
+hist_claim(hist_at(2), tonumber(ARGV[1]), ARGV[3], now, 1, 0, 'scheduled', ARGV[2])
+hist_prune(hist_at(2), tonumber(ARGV[5]), ARGV[6], now)
 return 1
 """,
 )
@@ -326,8 +332,8 @@ if type(res) == 'table' and res.err then
   return 0
 end
 local now = now_ms()
-hist_claim(2, tonumber(ARGV[1]), ARGV[3], now, 1, 0, 'scheduled', ARGV[2])
-hist_prune(2, tonumber(ARGV[5]), ARGV[6], now)
+hist_claim(hist_at(2), tonumber(ARGV[1]), ARGV[3], now, 1, 0, 'scheduled', ARGV[2])
+hist_prune(hist_at(2), tonumber(ARGV[5]), ARGV[6], now)
 return 1
 """,
 )
@@ -352,8 +358,8 @@ if holder ~= ARGV[2] then return 0 end
 local f = record_field(tonumber(ARGV[1]), 1, 0, ARGV[3])
 if redis.call('HEXISTS', KEYS[2], f) == 0 and redis.call('HEXISTS', KEYS[3], f) == 0 then
   local now = now_ms()
-  hist_claim(2, tonumber(ARGV[1]), ARGV[3], now, 1, 0, 'scheduled', ARGV[2])
-  hist_prune(2, tonumber(ARGV[5]), ARGV[6], now)
+  hist_claim(hist_at(2), tonumber(ARGV[1]), ARGV[3], now, 1, 0, 'scheduled', ARGV[2])
+  hist_prune(hist_at(2), tonumber(ARGV[5]), ARGV[6], now)
 end
 return 1
 """,
@@ -371,8 +377,8 @@ for i = 0, 100000 do
   local holder = redis.call('HGET', KEYS[5], tostring(s))
   if not holder then
     local now = now_ms()
-    hist_claim(1, s, ARGV[3], now, 1, 1, 'manual', ARGV[2])
-    hist_prune(1, tonumber(ARGV[4]), ARGV[5], now)
+    hist_claim(hist_at(1), s, ARGV[3], now, 1, 1, 'manual', ARGV[2])
+    hist_prune(hist_at(1), tonumber(ARGV[4]), ARGV[5], now)
     return s
   end
   if holder == ARGV[2] then return s end
@@ -381,13 +387,13 @@ return redis.error_reply('no free manual slot')
 """,
 )
 
-# Writes one stored result into the history keys KEYS[h]..KEYS[h+4], then prunes them.
+# Writes one stored result into the history keys H, then prunes them.
 _SAVE_FN = r"""
-local function save_record(h, field, record, started_at, finished_at, size, ttl)
-  redis.call('HSET', KEYS[h + 1], field, record)
-  redis.call('ZADD', KEYS[h + 2], started_at, field)
-  redis.call('ZADD', KEYS[h + 3], finished_at, field)
-  hist_prune(h, tonumber(size), ttl, now_ms())
+local function save_record(H, field, record, started_at, finished_at, size, ttl)
+  redis.call('HSET', H[2], field, record)
+  redis.call('ZADD', H[3], started_at, field)
+  redis.call('ZADD', H[4], finished_at, field)
+  hist_prune(H, tonumber(size), ttl, now_ms())
 end
 """
 
@@ -397,7 +403,7 @@ SAVE_RESULT = _script(
     "save_result",
     _SAVE_FN
     + r"""
-save_record(1, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+save_record(hist_at(1), ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 return 1
 """,
 )
@@ -430,187 +436,236 @@ return {redis.call('HMGET', KEYS[1], unpack(fields)), redis.call('HMGET', KEYS[2
 #       18 buffer hold ms, 19 longest buffered wait ms.
 # Returns {kind, number} ({'won', attempt, cancelled slot}, {'buffered', slot, wait_ms}).
 _PAUSABLE = "{" + ", ".join(f"['{r}'] = true" for r in PAUSABLE_REASONS) + "}"
-RUN_CLAIM = _script(
-    "run_claim",
+# One claim: K and A are RUN_CLAIM's KEYS and ARGV.
+_CLAIM_FN = (
     f"local PAUSABLE = {_PAUSABLE}\n"
     + r"""
-local run = KEYS[1]
-local slot = tonumber(ARGV[1])
-local token = ARGV[2]
-local inst = ARGV[3]
-local lease_ms = tonumber(ARGV[6])
-local max_attempts = tonumber(ARGV[8])
-local default_keep = tonumber(ARGV[14])
-local min_keep = tonumber(ARGV[15])
-local now = now_ms()
+local function claim_run(K, A)
+  local H = {K[3], K[4], K[5], K[6], K[7]}
+  local run = K[1]
+  local slot = tonumber(A[1])
+  local token = A[2]
+  local inst = A[3]
+  local lease_ms = tonumber(A[6])
+  local max_attempts = tonumber(A[8])
+  local default_keep = tonumber(A[14])
+  local min_keep = tonumber(A[15])
+  local now = now_ms()
 
--- A skip of a new run, in the ledger: the slot alone, unless a mark already covers it.
-local function skip(why)
-  mark_write(KEYS[9], KEYS[10], slot, slot, 1, 'skipped', why, inst, now,
-             tonumber(ARGV[11]), ARGV[12])
-end
-
-local function start(attempt, reason, stored_max)
-  redis.call('HSET', run, 'v', RUN_FORMAT, 'attempt', attempt, 'token', token, 'owner', inst,
-             'lease_until', now + lease_ms, 'state', 'running', 'status', '',
-             'reason', reason, 'started_at', now, 'finished_at', '',
-             'max_attempts', math.max(stored_max or 0, max_attempts))
-  redis.call('PERSIST', run)
-  redis.call('ZADD', KEYS[2], slot, ARGV[1])
-  hist_claim(3, slot, inst, now, attempt, 0, reason, token)
-  hist_prune(3, tonumber(ARGV[11]), ARGV[12], now)
-end
-
--- The superseded attempt shows as interrupted, unless its runner saved a result.
-local function interrupt(s, owner, attempt, started_at, reason, err)
-  local f = record_field(s, attempt, 0, owner)
-  if redis.call('HEXISTS', KEYS[4], f) == 1 then return end
-  local rec = {v = 1, slot = s, by = owner, attempt = attempt, status = 'interrupted',
-               started_at = started_at, finished_at = now,
-               duration_ms = math.max(now - started_at, 0), error = err,
-               manual = false, reason = reason}
-  redis.call('HSET', KEYS[4], f, cjson.encode(rec))
-  redis.call('ZADD', KEYS[5], started_at, f)
-  redis.call('ZADD', KEYS[6], now, f)
-end
-
--- A run whose lease lapsed with its attempts used up: the store ends it.
-local function give_up(key, s, member, owner, attempt, started_at, reason, keep)
-  interrupt(s, owner, attempt, started_at, reason, 'lease lapsed; attempts used up')
-  redis.call('HSET', key, 'state', 'finished', 'status', 'interrupted', 'finished_at', now)
-  redis.call('ZREM', KEYS[2], member)
-  retain(key, s, now, keep, default_keep, min_keep, now)
-end
-
-local st = redis.call('HMGET', run, 'state', 'token', 'owner', 'attempt', 'lease_until',
-                      'status', 'reason', 'started_at', 'finished_at', 'keep_ms',
-                      'max_attempts')
-if st[1] then
-  local attempt = tonumber(st[4])
-  local keep = st[10]
-  if ARGV[10] ~= '' and (tonumber(keep or '') == nil or tonumber(ARGV[10]) > tonumber(keep)) then
-    keep = ARGV[10]
-    redis.call('HSET', run, 'keep_ms', keep)
+  -- A skip of a new run, in the ledger: the slot alone, unless a mark already covers it.
+  local function skip(why)
+    mark_write(K[9], K[10], slot, slot, 1, 'skipped', why, inst, now,
+               tonumber(A[11]), A[12])
   end
-  local stored_max = tonumber(st[11] or '')
-  if stored_max == nil or max_attempts > stored_max then
-    stored_max = max_attempts
-    redis.call('HSET', run, 'max_attempts', stored_max)
+
+  local function start(attempt, reason, stored_max)
+    redis.call('HSET', run, 'v', RUN_FORMAT, 'attempt', attempt, 'token', token, 'owner', inst,
+               'lease_until', now + lease_ms, 'state', 'running', 'status', '',
+               'reason', reason, 'started_at', now, 'finished_at', '',
+               'max_attempts', math.max(stored_max or 0, max_attempts))
+    redis.call('PERSIST', run)
+    redis.call('ZADD', K[2], slot, A[1])
+    hist_claim(H, slot, inst, now, attempt, 0, reason, token)
+    hist_prune(H, tonumber(A[11]), A[12], now)
   end
-  if st[1] == 'running' then
-    if st[2] == token then
-      redis.call('HSET', run, 'lease_until', now + lease_ms)
-      return {'won', attempt}
+
+  -- The superseded attempt shows as interrupted, unless its runner saved a result.
+  local function interrupt(s, owner, attempt, started_at, reason, err)
+    local f = record_field(s, attempt, 0, owner)
+    if redis.call('HEXISTS', K[4], f) == 1 then return end
+    local rec = {v = 1, slot = s, by = owner, attempt = attempt, status = 'interrupted',
+                 started_at = started_at, finished_at = now,
+                 duration_ms = math.max(now - started_at, 0), error = err,
+                 manual = false, reason = reason}
+    redis.call('HSET', K[4], f, cjson.encode(rec))
+    redis.call('ZADD', K[5], started_at, f)
+    redis.call('ZADD', K[6], now, f)
+  end
+
+  -- A run whose lease lapsed with its attempts used up: the store ends it.
+  local function give_up(key, s, member, owner, attempt, started_at, reason, keep)
+    interrupt(s, owner, attempt, started_at, reason, 'lease lapsed; attempts used up')
+    redis.call('HSET', key, 'state', 'finished', 'status', 'interrupted', 'finished_at', now)
+    redis.call('ZREM', K[2], member)
+    retain(key, s, now, keep, default_keep, min_keep, now)
+  end
+
+  local st = redis.call('HMGET', run, 'state', 'token', 'owner', 'attempt', 'lease_until',
+                        'status', 'reason', 'started_at', 'finished_at', 'keep_ms',
+                        'max_attempts')
+  if st[1] then
+    local attempt = tonumber(st[4])
+    local keep = st[10]
+    if A[10] ~= '' and (tonumber(keep or '') == nil or tonumber(A[10]) > tonumber(keep)) then
+      keep = A[10]
+      redis.call('HSET', run, 'keep_ms', keep)
     end
-    if tonumber(st[5]) > now then return {'running', attempt} end
-    if attempt < max_attempts then
-      interrupt(slot, st[3], attempt, tonumber(st[8]), st[7],
-                'lease lapsed; taken over by ' .. inst)
-      start(attempt + 1, 'takeover', stored_max)
+    local stored_max = tonumber(st[11] or '')
+    if stored_max == nil or max_attempts > stored_max then
+      stored_max = max_attempts
+      redis.call('HSET', run, 'max_attempts', stored_max)
+    end
+    if st[1] == 'running' then
+      if st[2] == token then
+        redis.call('HSET', run, 'lease_until', now + lease_ms)
+        return {'won', attempt}
+      end
+      if tonumber(st[5]) > now then return {'running', attempt} end
+      if attempt < max_attempts then
+        interrupt(slot, st[3], attempt, tonumber(st[8]), st[7],
+                  'lease lapsed; taken over by ' .. inst)
+        start(attempt + 1, 'takeover', stored_max)
+        return {'won', attempt + 1}
+      end
+      give_up(run, slot, A[1], st[3], attempt, tonumber(st[8]), st[7], keep)
+      return {'done', 0}
+    end
+    if st[9] and st[9] ~= '' then
+      retain(run, slot, tonumber(st[9]), keep, default_keep, min_keep, now)
+    end
+    if (st[6] == 'failed' or st[6] == 'interrupted') and attempt < max_attempts then
+      start(attempt + 1, A[5], stored_max)
       return {'won', attempt + 1}
     end
-    give_up(run, slot, ARGV[1], st[3], attempt, tonumber(st[8]), st[7], keep)
     return {'done', 0}
   end
-  if st[9] and st[9] ~= '' then
-    retain(run, slot, tonumber(st[9]), keep, default_keep, min_keep, now)
-  end
-  if (st[6] == 'failed' or st[6] == 'interrupted') and attempt < max_attempts then
-    start(attempt + 1, ARGV[5], stored_max)
-    return {'won', attempt + 1}
-  end
-  return {'done', 0}
-end
-if ARGV[4] == 'takeover' then return {'none', 0} end
-if ARGV[4] == 'new' and now < slot then return {'early', slot - now} end
-if PAUSABLE[ARGV[5]] then
-  local pause = redis.call('HMGET', KEYS[11], 'at', 'until')
-  if pause[1] and (pause[2] == '' or tonumber(pause[2]) > now) then
-    skip('paused')
-    redis.call('HDEL', KEYS[8], ARGV[1])  -- a buffered slot of it waits no more
-    return {'paused', 0}
-  end
-end
-if ARGV[5] == 'backfill' and hist_ran(3, slot) then return {'done', 0} end
-local policy = ARGV[7]
-local buffering = policy == 'buffer_one' or policy == 'buffer_all'
-local count, head, queued = 0, nil, false
-if buffering then
-  local held = redis.call('HGETALL', KEYS[8])
-  for i = 1, #held, 2 do
-    local s = tonumber(held[i])
-    if tonumber(held[i + 1]) <= now then
-      redis.call('HDEL', KEYS[8], held[i])  -- its waiters all went away
-    else
-      count = count + 1
-      if head == nil or s < head then head = s end
-      if s == slot then queued = true end
+  if A[4] == 'takeover' then return {'none', 0} end
+  if A[4] == 'new' and now < slot then return {'early', slot - now} end
+  if PAUSABLE[A[5]] then
+    local pause = redis.call('HMGET', K[11], 'at', 'until')
+    if pause[1] and (pause[2] == '' or tonumber(pause[2]) > now) then
+      skip('paused')
+      redis.call('HDEL', K[8], A[1])  -- a buffered slot of it waits no more
+      return {'paused', 0}
     end
   end
-end
--- A buffered slot waited for its turn: that wait never makes it late.
-if not queued and ARGV[9] ~= '' and now > slot + tonumber(ARGV[9]) then
-  if ARGV[5] ~= 'catch-up' then skip('late') end  -- nothing to catch up is not a skip
-  return {'late', now - slot}
-end
--- A new run: sweep the job's other runs, then the overlap rule. A run is swept only when
--- this release started its attempt (v 2), so its max_attempts is the claims' largest.
-local busy, busy_until = nil, nil
-for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  local key = ARGV[13] .. member
-  local r = redis.call('HMGET', key, 'state', 'owner', 'attempt', 'lease_until', 'reason',
-                       'started_at', 'keep_ms', 'max_attempts', 'v')
-  if r[1] ~= 'running' then
-    redis.call('ZREM', KEYS[2], member)
-  elseif (tonumber(r[4]) or 0) > now then
-    if member ~= ARGV[1] then busy, busy_until = tonumber(member), tonumber(r[4]) end
-  elseif (tonumber(r[9] or '') or 1) >= 2 and tonumber(r[8] or '')
-         and tonumber(r[3]) >= tonumber(r[8]) then
-    give_up(key, tonumber(member), member, r[2], tonumber(r[3]), tonumber(r[6]), r[5], r[7])
-  end
-end
-if policy == 'skip' and busy then
-  skip('overlap')
-  return {'overlap', busy}
-end
-local cancelled = nil
-if buffering then
-  if busy or (head and head ~= slot) then
-    local blocker = busy or head
-    local left = lease_ms
-    if busy then left = busy_until - now end
-    local room = 1
-    if policy == 'buffer_all' then room = tonumber(ARGV[16]) end
-    if queued or count < room then
-      local hold = tonumber(ARGV[18])
-      redis.call('HSET', KEYS[8], ARGV[1], now + hold)
-      redis.call('PEXPIRE', KEYS[8], hold)  -- the newest hold is the longest
-      local wait = math.max(1, math.min(left, math.max(math.floor(lease_ms / 3), 1),
-                                        tonumber(ARGV[19])))
-      return {'buffered', blocker, wait}
-    end
-    skip('overlap')  -- the buffer is full
-    return {'overlap', blocker}
-  end
-  if queued then redis.call('HDEL', KEYS[8], ARGV[1]) end  -- its turn: it starts below
-elseif policy == 'cancel_other' then
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-    local key = ARGV[13] .. member
-    local r = redis.call('HMGET', key, 'state', 'owner', 'attempt', 'reason', 'started_at',
-                         'keep_ms')
-    if member ~= ARGV[1] and r[1] == 'running' then
-      -- Fenced: its token holds nothing any more, and its attempt is recorded here.
-      interrupt(tonumber(member), r[2], tonumber(r[3]), tonumber(r[5]), r[4], ARGV[17])
-      redis.call('HSET', key, 'state', 'finished', 'status', 'cancelled', 'finished_at', now)
-      redis.call('ZREM', KEYS[2], member)
-      retain(key, tonumber(member), now, r[6], default_keep, min_keep, now)
-      cancelled = tonumber(member)
+  if A[5] == 'backfill' and hist_ran(H, slot) then return {'done', 0} end
+  local policy = A[7]
+  local buffering = policy == 'buffer_one' or policy == 'buffer_all'
+  local count, head, queued = 0, nil, false
+  if buffering then
+    local held = redis.call('HGETALL', K[8])
+    for i = 1, #held, 2 do
+      local s = tonumber(held[i])
+      if tonumber(held[i + 1]) <= now then
+        redis.call('HDEL', K[8], held[i])  -- its waiters all went away
+      else
+        count = count + 1
+        if head == nil or s < head then head = s end
+        if s == slot then queued = true end
+      end
     end
   end
+  -- A buffered slot waited for its turn: that wait never makes it late.
+  if not queued and A[9] ~= '' and now > slot + tonumber(A[9]) then
+    if A[5] ~= 'catch-up' then skip('late') end  -- nothing to catch up is not a skip
+    return {'late', now - slot}
+  end
+  -- A new run: sweep the job's other runs, then the overlap rule. A run is swept only when
+  -- this release started its attempt (v 2), so its max_attempts is the claims' largest.
+  local busy, busy_until = nil, nil
+  for _, member in ipairs(redis.call('ZRANGE', K[2], 0, -1)) do
+    local key = A[13] .. member
+    local r = redis.call('HMGET', key, 'state', 'owner', 'attempt', 'lease_until', 'reason',
+                         'started_at', 'keep_ms', 'max_attempts', 'v')
+    if r[1] ~= 'running' then
+      redis.call('ZREM', K[2], member)
+    elseif (tonumber(r[4]) or 0) > now then
+      if member ~= A[1] then busy, busy_until = tonumber(member), tonumber(r[4]) end
+    elseif (tonumber(r[9] or '') or 1) >= 2 and tonumber(r[8] or '')
+           and tonumber(r[3]) >= tonumber(r[8]) then
+      give_up(key, tonumber(member), member, r[2], tonumber(r[3]), tonumber(r[6]), r[5], r[7])
+    end
+  end
+  if policy == 'skip' and busy then
+    skip('overlap')
+    return {'overlap', busy}
+  end
+  local cancelled = nil
+  if buffering then
+    if busy or (head and head ~= slot) then
+      local blocker = busy or head
+      local left = lease_ms
+      if busy then left = busy_until - now end
+      local room = 1
+      if policy == 'buffer_all' then room = tonumber(A[16]) end
+      if queued or count < room then
+        local hold = tonumber(A[18])
+        redis.call('HSET', K[8], A[1], now + hold)
+        redis.call('PEXPIRE', K[8], hold)  -- the newest hold is the longest
+        local wait = math.max(1, math.min(left, math.max(math.floor(lease_ms / 3), 1),
+                                          tonumber(A[19])))
+        return {'buffered', blocker, wait}
+      end
+      skip('overlap')  -- the buffer is full
+      return {'overlap', blocker}
+    end
+    if queued then redis.call('HDEL', K[8], A[1]) end  -- its turn: it starts below
+  elseif policy == 'cancel_other' then
+    for _, member in ipairs(redis.call('ZRANGE', K[2], 0, -1)) do
+      local key = A[13] .. member
+      local r = redis.call('HMGET', key, 'state', 'owner', 'attempt', 'reason', 'started_at',
+                           'keep_ms')
+      if member ~= A[1] and r[1] == 'running' then
+        -- Fenced: its token holds nothing any more, and its attempt is recorded here.
+        interrupt(tonumber(member), r[2], tonumber(r[3]), tonumber(r[5]), r[4], A[17])
+        redis.call('HSET', key, 'state', 'finished', 'status', 'cancelled', 'finished_at', now)
+        redis.call('ZREM', K[2], member)
+        retain(key, tonumber(member), now, r[6], default_keep, min_keep, now)
+        cancelled = tonumber(member)
+      end
+    end
+  end
+  if A[10] ~= '' then redis.call('HSET', run, 'keep_ms', A[10]) end
+  start(1, A[5], nil)
+  return {'won', 1, cancelled}
 end
-if ARGV[10] ~= '' then redis.call('HSET', run, 'keep_ms', ARGV[10]) end
-start(1, ARGV[5], nil)
-return {'won', 1, cancelled}
+"""
+)
+RUN_CLAIM = _script("run_claim", _CLAIM_FN + "return claim_run(KEYS, ARGV)\n", marks=True)
+
+#: The keys of a job that a claim reads besides its run's, after the job's key prefix:
+#: RUN_CLAIM's KEYS[2] to KEYS[11].
+CLAIM_KEY_SUFFIXES = (":active", ":hc", ":hr", ":hs", ":he", ":hm", ":b", ":m", ":mi", ":p")
+#: RUN_CLAIM_MANY: the fields of an option set, and of a claim.
+CLAIM_SET_FIELDS, CLAIM_FIELDS = 13, 7
+
+# runs.claim_many() where one node holds every job: a batch's claims in one script call,
+# decided one after the other as RUN_CLAIM decides each. Claims of jobs with the same
+# options share an option set, and the keys come from each job's key prefix: 7 arguments
+# a claim instead of 30 (the client's packing of them was the most of a burst's time).
+# ARGV: the number of option sets; each set's 13 fields (instance, then RUN_CLAIM's ARGV 6
+# to 12, 14 to 16, 18 and 19); then per claim: the job's key prefix, slot, token, mode,
+# reason, cancel reason and its set's number (from 1). No KEYS: every key is the job's,
+# named from its prefix, as RUN_CLAIM's KEYS are.
+# Answers one word per claim, space-separated in one string: its reply's parts joined by
+# ':' (``won:1``, ``won:1:<cancelled slot>``, ``buffered:<slot>:<wait_ms>``, ``done:0``).
+RUN_CLAIM_MANY = _script(
+    "run_claim_many",
+    _CLAIM_FN
+    + "local SUFFIXES = {" + ", ".join(f"'{x}'" for x in CLAIM_KEY_SUFFIXES) + "}\n"
+    + f"local SET_FIELDS, CLAIM_FIELDS = {CLAIM_SET_FIELDS}, {CLAIM_FIELDS}\n"
+    + r"""
+local sets, at = {}, 2
+for i = 1, tonumber(ARGV[1]) do
+  sets[i] = {unpack(ARGV, at, at + SET_FIELDS - 1)}
+  at = at + SET_FIELDS
+end
+local out = {}
+while at <= #ARGV do
+  local base, slot = ARGV[at], ARGV[at + 1]
+  local o = sets[tonumber(ARGV[at + 6])]
+  local K = {base .. ':r:' .. slot}
+  for i, suffix in ipairs(SUFFIXES) do K[i + 1] = base .. suffix end
+  local A = {slot, ARGV[at + 2], o[1], ARGV[at + 3], ARGV[at + 4], o[2], o[3], o[4], o[5],
+             o[6], o[7], o[8], base .. ':r:', o[9], o[10], o[11], ARGV[at + 5], o[12], o[13]}
+  local reply = claim_run(K, A)
+  local word = reply[1] .. ':' .. string.format('%d', reply[2])
+  if reply[3] then word = word .. ':' .. string.format('%d', reply[3]) end
+  out[#out + 1] = word
+  at = at + CLAIM_FIELDS
+end
+return table.concat(out, ' ')
 """,
     marks=True,
 )
@@ -701,8 +756,36 @@ FINISH_RESULT = _script(
 if finish_run(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]) == 0 then
   return 0
 end
-save_record(3, ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11])
+save_record(hist_at(3), ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11])
 return 1
+""",
+)
+
+# runs.finish_many() where one node holds every job: FINISH_RESULT for each end, in one
+# script call, each end's keys named from its job's key prefix as RUN_CLAIM_MANY's are.
+# ARGV: default keep, minimum keep; then per end FINISH_RESULT_FIELDS: the job's key
+# prefix, slot, token, status, then SAVE_RESULT's six. Answers one digit per end, as
+# FINISH_RESULT would (1 acted, 0 not), in one string.
+FINISH_RESULT_FIELDS = 10
+FINISH_RESULT_MANY = _script(
+    "finish_result_many",
+    _FINISH_FN
+    + _SAVE_FN
+    + f"local FIELDS = {FINISH_RESULT_FIELDS}\n"
+    + r"""
+local out = {}
+for at = 3, #ARGV, FIELDS do
+  local base, slot = ARGV[at], ARGV[at + 1]
+  local done = finish_run(base .. ':r:' .. slot, base .. ':active', ARGV[at + 2], ARGV[at + 3],
+                          slot, ARGV[1], ARGV[2])
+  if done == 1 then
+    save_record({base .. ':hc', base .. ':hr', base .. ':hs', base .. ':he', base .. ':hm'},
+                ARGV[at + 4], ARGV[at + 5], ARGV[at + 6], ARGV[at + 7], ARGV[at + 8],
+                ARGV[at + 9])
+  end
+  out[#out + 1] = tostring(done)
+end
+return table.concat(out)
 """,
 )
 
