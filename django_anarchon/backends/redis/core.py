@@ -145,19 +145,13 @@ class _ClaimParts(NamedTuple):
     options: list[bytes]  # lease_ms ... buffer_limit
     tail: list[bytes]  # after the cancel reason
     prefix: bytes  # ``base``, for RUN_CLAIM_MANY
-    #: RUN_CLAIM_MANY's option set: one object for every job with the same options.
-    option_set: tuple[bytes, ...]
+    option_set: tuple[bytes, ...]  # RUN_CLAIM_MANY's: the same for jobs of the same options
 
 
 def _encoded(values: list[Any]) -> list[bytes]:
     """Strings and integers as redis-py and valkey encode them (UTF-8, ``repr``)."""
     return [value.encode() if isinstance(value, str) else repr(value).encode()
             for value in values]
-
-
-def _option_set(*fields: bytes) -> tuple[bytes, ...]:
-    """RUN_CLAIM_MANY's option set (a tuple the cache hands out once per distinct set)."""
-    return fields
 
 
 def _cancel_arg(c: RunClaim) -> str | bytes:
@@ -639,7 +633,6 @@ class RedisRunStore(LedgerCalls):
         # Thread-safe (the sync twins claim from threads of their own), least recently
         # used out first.
         self._claim_parts = functools.lru_cache(maxsize=CLAIM_PARTS_KEPT)(self._new_claim_parts)
-        self._option_sets = functools.lru_cache(maxsize=CLAIM_PARTS_KEPT)(_option_set)
 
     def _run_key(self, job: str, slot: int) -> str:
         return f"{self._backend.job_key(job)}:r:{slot}"
@@ -669,23 +662,26 @@ class RedisRunStore(LedgerCalls):
                    history_size, _opt(history_ttl_ms), f"{base}:r:", DEFAULT_KEEP_MS,
                    MIN_KEEP_MS, buffer_limit]
         tail = [buffer_hold_ms(lease_ms), BUFFER_WAIT_CAP_MS]
-        instance, encoded, ends = _encoded([instance_id])[0], _encoded(options), _encoded(tail)
-        option_set = self._option_sets(instance, *encoded[:7], *encoded[8:], *ends)
+        option_set = _encoded([
+            instance_id, lease_ms, overlap, max_attempts, _opt(max_late_ms), _opt(keep_ms),
+            history_size, _opt(history_ttl_ms), DEFAULT_KEEP_MS, MIN_KEEP_MS, buffer_limit,
+            *tail,
+        ])
         return _ClaimParts(
-            base, _encoded(keys), instance, encoded, ends, base.encode(), option_set
+            base, _encoded(keys), option_set[0], _encoded(options), _encoded(tail),
+            base.encode(), tuple(option_set),
         )
 
     async def claim(self, input: RunClaim) -> ClaimOutcome:
         return _outcome(await self._backend.eval(*self._claim_call(input)))
 
     async def claim_many(self, claims: list[RunClaim]) -> list[ClaimOutcome]:
-        """One script call for the whole batch where one node holds every job (a cluster
-        gets one per claim): a claim's thirty arguments cost the client far less than a
-        command and a reply of its own each."""
+        """One script call (RUN_CLAIM_MANY) for the whole batch where one node holds every
+        job, seven arguments a claim and one reply for all; on a cluster one per claim."""
         if len(claims) <= 1 or self._backend.is_cluster():
             calls = [self._claim_call(c) for c in claims]
             return [_outcome(r) for r in await self._backend.eval_many(calls)]
-        numbers: dict[int, int] = {}  # id(option set) -> its number in ARGV, from 1
+        numbers: dict[tuple[bytes, ...], int] = {}  # option set -> its number, from 1
         sets: list[bytes] = []
         per_claim: list[Any] = []
         for c in claims:
@@ -693,9 +689,9 @@ class RedisRunStore(LedgerCalls):
                 c.job, c.instance_id, c.lease_ms, c.overlap, c.max_attempts, c.max_late_ms,
                 c.keep_ms, c.history_size, c.history_ttl_ms, c.buffer_limit,
             )
-            number = numbers.get(id(parts.option_set))
+            number = numbers.get(parts.option_set)
             if number is None:
-                number = numbers[id(parts.option_set)] = len(numbers) + 1
+                number = numbers[parts.option_set] = len(numbers) + 1
                 sets += parts.option_set
             per_claim += (parts.prefix, c.slot, c.token, c.mode, c.reason,
                           _cancel_arg(c), number)
@@ -742,7 +738,7 @@ class RedisRunStore(LedgerCalls):
 
     async def finish_many(self, ends: list[RunEnd]) -> list[bool]:
         """Each end's finish, then its record if that acted: one script call for them all
-        where one node holds every job, else one script per end, pipelined."""
+        where one node holds every job (FINISH_RESULT_MANY), else one script per end."""
         if len(ends) > 1 and not self._backend.is_cluster():
             args: list[Any] = [DEFAULT_KEEP_MS, MIN_KEEP_MS]
             for end in ends:
