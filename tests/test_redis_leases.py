@@ -19,7 +19,9 @@ import pytest
 from django_anarchon.backends.base import (
     MIN_KEEP_MS,
     ClaimOutcome,
+    FinalStatus,
     OverlapPolicy,
+    RunEnd,
     StoredResult,
 )
 from django_anarchon.backends.redis import RedisProtocolBackend, RedisRunStore
@@ -339,6 +341,46 @@ def test_a_batch_is_answered_as_its_claims_one_at_a_time(make: Make) -> None:
         # What the two ways wrote is the same too: the runs, history and the ledger's marks.
         for job in ("run", "cancel", "buffer", "skip", "retry", "late", "paused"):
             assert await stored(backend, f"one.{job}") == await stored(backend, f"many.{job}")
+
+    run(make, body)
+
+
+def test_a_batch_of_ends_finishes_and_records_as_each_end_alone(make: Make) -> None:
+    """``finish_many`` sends its ends in one script call (FINISH_RESULT_MANY): what each
+    end answers, and the runs and history they leave, are as one end at a time."""
+
+    async def body(backend: RedisProtocolBackend, runs: RedisRunStore) -> None:
+        s = await server_ms(backend) - 1_000
+
+        def result(slot: int, status: FinalStatus, by: str = "A") -> StoredResult:
+            return StoredResult(slot=slot, by=by, attempt=1, status=status, started_at=slot,
+                                finished_at=slot + 5, duration_ms=5,
+                                error="boom" if status == "failed" else None)
+
+        ends: dict[str, list[RunEnd]] = {}
+        for way in ("one", "many"):
+            for job, slot, kw in ((f"{way}.ok", s, {}), (f"{way}.failed", s, {"max_attempts": 2}),
+                                  (f"{way}.stale", s, {}), (f"{way}.two", s, {"overlap": "allow"}),
+                                  (f"{way}.two", s + 1, {"overlap": "allow"})):
+                assert await runs.claim(claim(job, slot, "a", **kw)) == ClaimOutcome.won(1)
+            ends[way] = [
+                RunEnd(f"{way}.ok", "a", "success", result(s, "success"), 10),
+                RunEnd(f"{way}.failed", "a", "failed", result(s, "failed"), 10),
+                RunEnd(f"{way}.stale", "b", "success", result(s, "success", "B"), 10),
+                RunEnd(f"{way}.none", "a", "success", result(s, "success"), 10),
+                RunEnd(f"{way}.two", "a", "success", result(s, "success"), 1, 60_000),
+                RunEnd(f"{way}.two", "a", "failed", result(s + 1, "failed"), 1, 60_000),
+            ]
+        alone = [(await runs.finish_many([end]))[0] for end in ends["one"]]
+        together = await runs.finish_many(ends["many"])
+        assert together == alone == [True, True, False, False, True, True]
+        for job in ("ok", "failed", "stale", "none", "two"):
+            assert await stored(backend, f"one.{job}") == await stored(backend, f"many.{job}")
+        # The failed run is retried, the successful one is done, on both.
+        for way in ("one", "many"):
+            again = claim(f"{way}.failed", s, "c", max_attempts=2)
+            assert await runs.claim(again) == ClaimOutcome.won(2)
+            assert await runs.claim(claim(f"{way}.ok", s, "c")) == ClaimOutcome.done()
 
     run(make, body)
 
