@@ -141,11 +141,10 @@ class _ClaimParts(NamedTuple):
 
     base: str
     keys: list[bytes]  # after the run's key
-    instance: bytes
     options: list[bytes]  # lease_ms ... buffer_limit
     tail: list[bytes]  # after the cancel reason
     prefix: bytes  # ``base``, for RUN_CLAIM_MANY
-    option_set: tuple[bytes, ...]  # RUN_CLAIM_MANY's: the same for jobs of the same options
+    option_set: tuple[bytes, ...]  # the instance first; RUN_CLAIM_MANY shares it by value
 
 
 def _encoded(values: list[Any]) -> list[bytes]:
@@ -637,15 +636,18 @@ class RedisRunStore(LedgerCalls):
     def _run_key(self, job: str, slot: int) -> str:
         return f"{self._backend.job_key(job)}:r:{slot}"
 
-    def _claim_call(self, c: RunClaim) -> tuple[Script, list[str | bytes], list[Any]]:
-        parts = self._claim_parts(
+    def _parts_of(self, c: RunClaim) -> _ClaimParts:
+        return self._claim_parts(
             c.job, c.instance_id, c.lease_ms, c.overlap, c.max_attempts, c.max_late_ms,
             c.keep_ms, c.history_size, c.history_ttl_ms, c.buffer_limit,
         )
+
+    def _claim_call(self, c: RunClaim) -> tuple[Script, list[str | bytes], list[Any]]:
+        parts = self._parts_of(c)
         keys: list[str | bytes] = [f"{parts.base}:r:{c.slot}", *parts.keys]
         args: list[Any] = [
-            c.slot, c.token, parts.instance, c.mode, c.reason, *parts.options, _cancel_arg(c),
-            *parts.tail,
+            c.slot, c.token, parts.option_set[0], c.mode, c.reason, *parts.options,
+            _cancel_arg(c), *parts.tail,
         ]
         return scripts.RUN_CLAIM, keys, args
 
@@ -668,8 +670,8 @@ class RedisRunStore(LedgerCalls):
             *tail,
         ])
         return _ClaimParts(
-            base, _encoded(keys), option_set[0], _encoded(options), _encoded(tail),
-            base.encode(), tuple(option_set),
+            base, _encoded(keys), _encoded(options), _encoded(tail), base.encode(),
+            tuple(option_set),
         )
 
     async def claim(self, input: RunClaim) -> ClaimOutcome:
@@ -685,10 +687,7 @@ class RedisRunStore(LedgerCalls):
         sets: list[bytes] = []
         per_claim: list[Any] = []
         for c in claims:
-            parts = self._claim_parts(
-                c.job, c.instance_id, c.lease_ms, c.overlap, c.max_attempts, c.max_late_ms,
-                c.keep_ms, c.history_size, c.history_ttl_ms, c.buffer_limit,
-            )
+            parts = self._parts_of(c)
             number = numbers.get(parts.option_set)
             if number is None:
                 number = numbers[parts.option_set] = len(numbers) + 1
