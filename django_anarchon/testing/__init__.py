@@ -87,7 +87,8 @@ The suite checks:
   written), a repeated ``finish`` with the same token and status is ``True``, the
   ``keep_ms`` floor (``MIN_KEEP_MS``), a ``keep_ms`` that never shrinks, and the sweep that
   ends a lapsed run whose attempts are used up; where ``runs.finish_many`` is offered,
-  that it answers as ``finish()`` would, writes a record only where the finish acted, is
+  that it answers as ``finish()`` would, stores each end's status (a failed end is
+  retried, a succeeded one is done), writes a record only where the finish acted, is
   repeat-safe, prunes history, and that a late one racing a backup's takeover leaves
   exactly one winner and a history that says which;
 * the overlap policies, with leases: ``buffer_one`` (one slot waits, the next is
