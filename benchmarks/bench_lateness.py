@@ -145,16 +145,20 @@ async def _work(args: argparse.Namespace) -> dict[str, Any]:
         scheduler.every(f"{args.prefix}-{i:05d}", f"{args.every_ms}ms", handler,
                         max_late="60s")
     await scheduler.start()
+    quiet: asyncio.Task[None] | None = None
     if not args.no_settle:
-        from django_anarchon.engine.heap import settle
+        from django_anarchon.engine.heap import collect_when_quiet, settle
 
         settle()  # as anarchon_worker does once its schedulers have started
+        quiet = asyncio.create_task(collect_when_quiet([scheduler]))
     ready = time.time_ns() // 1_000_000
     pauses = _GcPauses()
     cpu = time.process_time()
     await asyncio.sleep(max(0.0, (args.until - ready) / 1000))
     cpu = time.process_time() - cpu
     pauses.close()
+    if quiet is not None:
+        quiet.cancel()
     await scheduler.stop(grace="5s")
     return {"instance": args.instance, "ready": ready, "starts": starts, "claims": claims,
             "cpu_s": cpu, "gc_ms": pauses.total_ms, "gc_max_ms": pauses.max_ms,
@@ -448,7 +452,8 @@ def main() -> None:
                         help="sync-db: a sync handler that then runs one query on its database")
     parser.add_argument("--profile", help="directory for one cProfile file per worker")
     parser.add_argument("--no-settle", action="store_true",
-                        help="workers leave their start-up heap to the garbage collector")
+                        help="workers leave their heap to the garbage collector (no settle, "
+                        "no quiet collections)")
     parser.add_argument("--trace", action="store_true",
                         help="report when each burst's last winning claim was answered")
     args = parser.parse_args()

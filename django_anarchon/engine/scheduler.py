@@ -262,6 +262,10 @@ class Scheduler(RegistrationMixin, OperatorMixin):
     def running(self) -> bool:
         return self._running
 
+    def next_due(self) -> int | None:
+        """When the timer next fires (ms since the epoch, this worker's clock), if armed."""
+        return None if self._timer is None else self._timer.next_due()
+
     def executor(self) -> DaemonThreadPool:
         if self._pool is None:
             self._pool = DaemonThreadPool(

@@ -57,6 +57,10 @@ class Timer:
         entry = self._current.get(key)
         return None if entry is None else entry[0]
 
+    def next_due(self) -> int | None:
+        """The earliest due time (a replaced entry may make it early, never late)."""
+        return self._heap[0][0] if self._heap else None
+
     def schedule(self, key: str, due_ms: int) -> None:
         """Set (or move) ``key``'s due time; safe from any thread."""
         if self._off_loop():

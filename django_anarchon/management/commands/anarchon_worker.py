@@ -23,7 +23,7 @@ from django.db import DatabaseError
 
 from django_anarchon.checks import scheduler_databases
 from django_anarchon.durations import format_duration, parse_duration
-from django_anarchon.engine.heap import settle
+from django_anarchon.engine.heap import collect_when_quiet, settle
 from django_anarchon.exceptions import AnarchonError
 from django_anarchon.handler import build_scheduler
 from django_anarchon.jobs import check_instance_id
@@ -284,7 +284,10 @@ class Worker:
                 await self._banner()
                 settle()  # what start-up built lives as long as the worker (engine/heap.py)
             if failure is None:
-                tasks = [asyncio.create_task(self._pickup_requests())]
+                tasks = [
+                    asyncio.create_task(self._pickup_requests()),
+                    asyncio.create_task(collect_when_quiet(self.schedulers)),
+                ]
                 if self.health_file is not None:
                     tasks.append(asyncio.create_task(self._touch_health()))
                 if self.watch_pauses:
