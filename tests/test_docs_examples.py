@@ -653,6 +653,8 @@ def _run_contract(block: Block, tmp_path: Path, *, collect_only: bool) -> None:
             "-p", "tests.docs_contract_probe", "-q", "--rootdir", str(tmp_path), str(test_file)]
     if collect_only:
         args.append("--collect-only")
+    else:  # it waits 10 s of the store's clock; the project's own contract tests run it
+        args += ["-k", "not test_lease_keep_never_shrinks"]
     done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=240)
     output = done.stdout + done.stderr
