@@ -125,6 +125,18 @@ def sqlite_database(
         _close("sqlite")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_race_rounds() -> None:
+    """``ANARCHON_SHARED_RACE_ROUNDS``: the rounds of every store's race through one shared
+    backend object (``race_shared_rounds``, 200), as ``ANARCHON_RACE_ROUNDS`` sets the
+    others'. scripts/test lowers both on its second interpreter; the first runs them all."""
+    rounds = os.environ.get("ANARCHON_SHARED_RACE_ROUNDS")
+    if rounds:
+        from django_anarchon.testing._base import ContractBase
+
+        ContractBase.race_shared_rounds = int(rounds)
+
+
 @pytest.fixture
 def database_access(django_db_blocker: Any) -> Iterator[None]:
     with django_db_blocker.unblock():
