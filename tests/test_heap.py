@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -88,10 +89,13 @@ def _garbage() -> None:
         cycle.append(cycle)
 
 
+@contextlib.asynccontextmanager
 async def _quiet_collector(
-    every: str, seen: _Collections, old_threshold: int = 10
-) -> tuple[Scheduler, list[int]]:
-    runs: list[int] = []
+    every: str, old_threshold: int = 10
+) -> AsyncIterator[tuple[_Collections, list[int]]]:
+    """A scheduler with one job ``every`` so often and the quiet collector beside it, with
+    the automatic collections out of the way: the collections seen, and the runs' slots."""
+    seen, runs = _Collections(), []
 
     def ran(ctx: JobContext) -> None:
         runs.append(ctx.slot)
@@ -102,37 +106,29 @@ async def _quiet_collector(
     gc.collect()
     gc.set_threshold(100 * YOUNG_THRESHOLD, 10, old_threshold)  # only the quiet collector
     gc.callbacks.append(seen)
-    return scheduler, runs
+    task = asyncio.create_task(collect_when_quiet([scheduler]))
+    try:
+        yield seen, runs
+    finally:
+        task.cancel()
+        gc.callbacks.remove(seen)
+        await stop_all(scheduler)
 
 
 @pytest.mark.usefixtures("restored_gc")
 async def test_collect_when_quiet_collects_what_a_burst_left_once_it_is_over() -> None:
-    seen = _Collections()
-    scheduler, _ = await _quiet_collector("1h", seen)
-    task = asyncio.create_task(collect_when_quiet([scheduler]))
-    try:
+    async with _quiet_collector("1h") as (seen, _):
         _garbage()
         await wait_for(seen.big, 5, "a quiet collection of the garbage")
-    finally:
-        task.cancel()
-        gc.callbacks.remove(seen)
-        await stop_all(scheduler)
 
 
 @pytest.mark.usefixtures("restored_gc")
 async def test_collect_when_quiet_waits_while_a_slot_is_near() -> None:
-    seen = _Collections()
-    scheduler, runs = await _quiet_collector("100ms", seen)  # a slot always within 100 ms
-    task = asyncio.create_task(collect_when_quiet([scheduler]))
-    try:
+    async with _quiet_collector("100ms") as (seen, runs):  # a slot always within 100 ms
         _garbage()
         start = len(runs)
         await wait_for(lambda: len(runs) >= start + 8, 5, "eight slots (eight looks)")
         assert not seen.big(), seen.seen
-    finally:
-        task.cancel()
-        gc.callbacks.remove(seen)
-        await stop_all(scheduler)
 
 
 @pytest.mark.usefixtures("restored_gc")
@@ -140,10 +136,7 @@ async def test_collect_when_quiet_collects_the_oldest_generation_by_pythons_rule
     """Garbage that lived through two collections (a burst's objects that were still in
     use then) is freed only by a full collection: the quiet collector makes one once the
     middle generation has been collected ``threshold[2]`` times (here 0)."""
-    seen = _Collections()
-    scheduler, _ = await _quiet_collector("1h", seen, old_threshold=0)
-    task = asyncio.create_task(collect_when_quiet([scheduler]))
-    try:
+    async with _quiet_collector("1h", old_threshold=0) as (seen, _):
         kept: list[list[Any]] = []
         for _ in range(QUIET_LEAST_YOUNG):
             cycle: list[Any] = []
@@ -157,7 +150,3 @@ async def test_collect_when_quiet_collects_the_oldest_generation_by_pythons_rule
                         for i in seen.seen),
             5, "a full quiet collection",
         )
-    finally:
-        task.cancel()
-        gc.callbacks.remove(seen)
-        await stop_all(scheduler)
