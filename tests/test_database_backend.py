@@ -795,11 +795,12 @@ def test_postgres_a_batch_decided_set_based_answers_and_stores_what_one_by_one_d
     batch's new runs together (one insert, one lock of their jobs, one read of their
     other runs, one insert of their history rows); on every kind of claim a batch holds,
     each answers what v4 did one claim at a time, and leaves the same runs and history
-    rows."""
+    rows. So does migration 0012's single ``anarchon_run_claim_v5``, sent each claim of
+    the batch alone in the batch's order ((job, slot))."""
     from django_anarchon.backends.database import postgres
 
     store = Store(postgres_database)
-    assert store._use_functions() and store._level == 11
+    assert store._use_functions() and store._level == 12
     connection = connections[postgres_database]
     slot = store.now_ms() - 2_000
     label = uuid.uuid4().hex[:8]
@@ -807,11 +808,18 @@ def test_postgres_a_batch_decided_set_based_answers_and_stores_what_one_by_one_d
     for version, level in (("v4", 9), ("v5", 10), ("v6", 11)):
         claims = _batch_scenario(store, f"{label}{version}", slot)
         answers[version] = postgres.run_claim_many(connection, claims, level)
+    claims = _batch_scenario(store, f"{label}single", slot)
+    alone = {id(c): postgres.run_claim(connection, c, 12)
+             for c in sorted(claims, key=lambda c: (c.job, c.slot))}
+    answers["single"] = [alone[id(c)] for c in claims]
+
     def shape(outcome: ClaimOutcome | None) -> Any:  # early's wait is the server's now
         return outcome and (outcome.kind, outcome.attempt, outcome.slot)
 
-    assert [shape(o) for o in answers["v5"]] == [shape(o) for o in answers["v4"]]
-    assert [shape(o) for o in answers["v6"]] == [shape(o) for o in answers["v4"]]
+    for version in ("v5", "v6", "single"):
+        assert [shape(o) for o in answers[version]] == [shape(o) for o in answers["v4"]], (
+            version
+        )
     assert [shape(o) for o in answers["v6"]] == [
         ("won", 1, None), ("won", 1, None),
         None, ("overlap", None, slot - 1_000),  # an overlap that owes its mark: lock path
@@ -820,7 +828,7 @@ def test_postgres_a_batch_decided_set_based_answers_and_stores_what_one_by_one_d
         ("won", 1, None), None,  # a job twice: one by one, the second an overlap owing a mark
         ("running", 1, None), ("won", 1, None), ("won", 1, None), ("done", None, None),
     ], answers
-    for version in ("v5", "v6"):
+    for version in ("v5", "v6", "single"):
         assert _what_is_stored(postgres_database, f"{label}{version}", slot) == (
             _what_is_stored(postgres_database, f"{label}v4", slot)
         ), version
@@ -879,27 +887,33 @@ def test_postgres_array_literals_read_back_as_the_values_sent(postgres_database:
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize(("missing", "called", "warning"), [
-    ("_SIGNATURES_0010", "anarchon_run_claim_many_v4",
+@pytest.mark.parametrize(("missing", "size", "called", "warning"), [
+    ("_SIGNATURES_0010", 3, "anarchon_run_claim_many_v4",
      "migration 0010's PostgreSQL function is missing"),
-    ("_SIGNATURES_0011", "anarchon_run_claim_many_v5",
+    ("_SIGNATURES_0011", 3, "anarchon_run_claim_many_v5",
      "migration 0011's PostgreSQL functions are missing"),
+    ("_SIGNATURES_0012", 1, "anarchon_run_claim_many_v6",
+     "migration 0012's PostgreSQL function is missing"),
 ])
-def test_postgres_without_the_latest_migration_claims_batches_through_the_one_before(
+def test_postgres_without_the_latest_migration_claims_through_the_one_before(
     postgres_database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-    missing: str, called: str, warning: str,
+    missing: str, size: int, called: str, warning: str,
 ) -> None:
-    """A database not migrated to 0010 or 0011 yet (a rolling deploy): batches through the
-    function before, with a warning."""
+    """A database not migrated to 0010, 0011 or 0012 yet (a rolling deploy): batches (and
+    before 0012 a single claim, as a batch of one) through the function before, with a
+    warning."""
     from django_anarchon.backends.database import postgres
 
     monkeypatch.setattr(postgres, missing, ("anarchon_not_there_v9(text)",))
     store = Store(postgres_database)
     slot = _now_ms() - 1000
-    jobs = [_job(f"no{missing[-4:]}-{i}") for i in range(3)]
+    jobs = [_job(f"no{missing[-4:]}-{i}") for i in range(size)]
     claims = [_claim(job, slot, f"t{i}", overlap="skip") for i, job in enumerate(jobs)]
-    outcomes, trips = count(postgres_database, lambda: store.run_claim_many(claims))
-    assert outcomes == [ClaimOutcome.won(1)] * 3
+    outcomes, trips = count(
+        postgres_database,
+        lambda: store.run_claim_many(claims) if size > 1 else [store.run_claim(claims[0])],
+    )
+    assert outcomes == [ClaimOutcome.won(1)] * size
     assert warning in caplog.text
     assert any(called in sql for sql, _ in trips.statements), trips.statements
 
@@ -919,7 +933,7 @@ def test_postgres_a_claim_takes_its_jobs_lock_before_it_writes_its_run(
     import psycopg
 
     store = Store(postgres_database)
-    assert store._use_functions() and store._level == 11
+    assert store._use_functions() and store._level == 12
     job, other = _job("circle"), _job("circle")
     store.prepare_jobs([job, other])
     slot = store.now_ms() - 1_000

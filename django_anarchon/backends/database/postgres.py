@@ -1,10 +1,12 @@
 """PostgreSQL fast paths: one round trip per call through the migrations' functions.
 
 Each call is one ``SELECT`` of a function in autocommit mode (no BEGIN, no COMMIT):
-``anarchon_claim_v1`` (0001) for ``claim()``; for ``runs.claim_many()``, and for a single
-``runs.claim()`` of a new run as a batch of one, ``anarchon_run_claim_many_v6`` (0011),
-which locks every job's row of the batch first, decides the batch's new runs together,
-and sends the rest through ``anarchon_run_claim_many_v4`` (0009); ``anarchon_finish_many_v1``
+``anarchon_claim_v1`` (0001) for ``claim()``; for ``runs.claim_many()``,
+``anarchon_run_claim_many_v6`` (0011), which locks every job's row of the batch first,
+decides the batch's new runs together, and sends the rest through
+``anarchon_run_claim_many_v4`` (0009); for a single ``runs.claim()`` of a new run,
+``anarchon_run_claim_v5`` (0012), which locks its job's row, then answers as
+``anarchon_run_claim_v4``; ``anarchon_finish_many_v1``
 (0009) for ``runs.finish_many()``: each end's finish, its history record and each job's
 prune. A claim these functions do not settle (a takeover, a retry, a pause in force, a
 ``late`` or ``overlap`` answer that owes its ledger mark) comes back ``'other'`` and takes
@@ -67,6 +69,8 @@ RUN_CLAIM_MANY_V4_SQL = (
 RUN_CLAIM_MANY_V5_SQL = RUN_CLAIM_MANY_V4_SQL.replace("_many_v4(", "_many_v5(")
 #: Migration 0011's: v5 with every job's lock taken before any run is written.
 RUN_CLAIM_MANY_V6_SQL = RUN_CLAIM_MANY_V4_SQL.replace("_many_v4(", "_many_v6(")
+#: Migration 0012's: v4 under its job's lock, taken first (as v6 does for a batch).
+RUN_CLAIM_V5_SQL = RUN_CLAIM_V4_SQL.replace("_claim_v4(", "_claim_v5(")
 FINISH_MANY_SQL = (
     "SELECT o_index, o_finished FROM anarchon_finish_many_v1(%s::text[], %s::bigint[], "
     "%s::text[], %s::text[], %s::text[], %s::integer[], %s::boolean[], %s::text[], "
@@ -90,6 +94,10 @@ _SIGNATURES_0011 = (
     "anarchon_run_claim_many_v6(text[], bigint[], text[], text[], bigint[], text[], boolean[],"
     " bigint[], bigint[], integer[], bigint, bigint)",
 )
+_SIGNATURES_0012 = (
+    "anarchon_run_claim_v5(text, bigint, text, text, bigint, text, boolean, bigint, bigint,"
+    " integer, bigint, bigint)",
+)
 #: What this release calls; a database not migrated to 0008 lacks the v3 functions, and
 #: every claim then takes the general path (which honours pauses too).
 _SIGNATURES = (
@@ -103,10 +111,10 @@ _SIGNATURES = (
 
 def functions_level(connection: BaseDatabaseWrapper) -> int:
     """The newest migration whose functions this release calls are there, with those of
-    every migration before it: 11, 10, 9 or 8; 0 when 0008's are missing (every claim then
+    every migration before it: 12, 11, 10, 9 or 8; 0 when 0008's are missing (every claim then
     takes the general path). One statement."""
     groups = [(8, _SIGNATURES), (9, _SIGNATURES_0009), (10, _SIGNATURES_0010),
-              (11, _SIGNATURES_0011)]
+              (11, _SIGNATURES_0011), (12, _SIGNATURES_0012)]
     signatures = [signature for _, group in groups for signature in group]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -280,8 +288,10 @@ def run_claim_many(
     order = sorted(range(len(claims)), key=lambda i: (claims[i].job, claims[i].slot))
     # One array per argument of the single-claim function, in batch order.
     params: list[Any] = _arrays(_CLAIM_ARRAYS, [_args(claims[i]) for i in order])
-    many_v4 = {11: RUN_CLAIM_MANY_V6_SQL, 10: RUN_CLAIM_MANY_V5_SQL}.get(
-        level, RUN_CLAIM_MANY_V4_SQL
+    many_v4 = (
+        RUN_CLAIM_MANY_V6_SQL if level >= 11
+        else RUN_CLAIM_MANY_V5_SQL if level == 10
+        else RUN_CLAIM_MANY_V4_SQL
     )
     rows = _rows(connection, *_versioned(params, level >= 9, RUN_CLAIM_MANY_SQL, many_v4))
     outcomes: list[ClaimOutcome | None] = [None] * len(claims)
@@ -294,13 +304,15 @@ def run_claim_many(
 def run_claim(connection: BaseDatabaseWrapper, c: RunClaim, level: int) -> ClaimOutcome | None:
     """The outcome, or ``None`` when the claim must take the general lock path.
 
-    From migration 0011 a batch of one: its job's lock before its run, as in every batch
-    and in the lock path (the single-claim functions write the run first).
+    Its job's lock before its run, as in every batch and in the lock path: from
+    migration 0012 through ``anarchon_run_claim_v5``; at 0011 as a batch of one (the
+    single-claim functions before v5 write the run first).
     """
-    if level >= 11:
+    if level == 11:
         return run_claim_many(connection, [c], level)[0]
+    single_v4 = RUN_CLAIM_V5_SQL if level >= 12 else RUN_CLAIM_V4_SQL
     kind, attempt, slot, now, marked = _call(
-        connection, *_versioned(_args(c), level >= 9, RUN_CLAIM_SQL, RUN_CLAIM_V4_SQL)
+        connection, *_versioned(_args(c), level >= 9, RUN_CLAIM_SQL, single_v4)
     )
     return _outcome(c, kind, attempt, slot, now, bool(marked))
 

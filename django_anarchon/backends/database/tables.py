@@ -212,6 +212,8 @@ class Tables:
             10: "migration 0011's PostgreSQL functions are missing on %r; claims write "
                 "a run before they take its job's lock, and may wait on the lock path "
                 "until PostgreSQL's deadlock check ends the wait",
+            11: "migration 0012's PostgreSQL function is missing on %r; a single claim "
+                "goes as a batch of one",
         }.get(self._level)
         if missing is not None:
             logger.warning("database backend: " + missing, self.using)
