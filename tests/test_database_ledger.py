@@ -159,7 +159,7 @@ def test_fast_path_pause_check_is_in_the_one_statement(postgres_database: str) -
     outcome, trips = count(postgres_database, lambda: store.run_claim(claim(job, now, "a")))
     assert outcome == ClaimOutcome.paused()
     first, auto = trips.statements[0]
-    assert auto and "anarchon_run_claim_many_v6" in first  # a batch of one; v4 inside it
+    assert auto and "anarchon_run_claim_v5" in first  # its job's lock, then v4
     assert trips.transactions == 1 and _mark_in_transaction(trips), trips.statements
     assert not Run.objects.using(postgres_database).filter(job=job).exists()
 
