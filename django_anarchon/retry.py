@@ -38,7 +38,8 @@ async def retry_store_call(
     """Await ``call()`` until it returns; re-raise its last error once the deadline passed.
 
     ``what`` names the call in logs (scheduler, job, slot), as ``str(what)``, formatted
-    only when a line is written. ``deadline_ms`` is epoch ms;
+    only when a line is written. ``deadline_ms`` is epoch ms on this process's clock
+    (``time.time_ns``, as the engine's ``now_ms`` reads it);
     ``give_up()`` lets the caller stop early (the scheduler is stopping); an error for
     which ``retryable(exc)`` is false is raised at once (a refusal, not an outage).
     """
@@ -53,7 +54,10 @@ async def retry_store_call(
             if retryable is not None and not retryable(exc):
                 raise
             failures += 1
-            out_of_time = deadline_ms is not None and time.time() * 1000 + delay * 1000 > deadline_ms
+            out_of_time = (
+                deadline_ms is not None
+                and time.time_ns() // 1_000_000 + delay * 1000 > deadline_ms
+            )
             if out_of_time or (give_up is not None and give_up()):
                 logger.log(
                     max(log_level, logging.INFO), "%s failed %s time(s); giving up: %s",

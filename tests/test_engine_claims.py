@@ -11,11 +11,12 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from django_anarchon.backends.base import ClaimOutcome, RunClaim
+from django_anarchon.backends.base import ClaimInput, ClaimOutcome, RunClaim
 from django_anarchon.backends.memory import MemoryBackend
 from django_anarchon.engine import JobContext, Scheduler
 from django_anarchon.engine.claims import FOLLOW_DELAY_MS
@@ -24,6 +25,7 @@ from .test_engine_support import (
     RARELY,
     Calls,
     Events,
+    FlakyClaimBackend,
     Recording,
     iso_in,
     off_the_clock,
@@ -801,3 +803,45 @@ async def test_a_claim_whose_answer_was_lost_is_asked_again_past_max_late(how: s
     finally:
         await stop_all(s)
     assert sorted(c["job"] for c in calls.items) == names
+
+
+class _FlakyClockedClaimOnly(FlakyClaimBackend):
+    """A claim-only store that tells its clock (as Redis ``stream-id`` does), whose claims
+    and batches of claims fail ``failures`` times first."""
+
+    async def store_now(self, job: str) -> int:  # type: ignore[override]
+        return real_ms()
+
+    async def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("store unreachable (test)")
+        return await super().claim_many(inputs)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+async def test_a_worker_ahead_retries_a_claim_until_the_stores_deadline(
+    skew: Any, jobs: int
+) -> None:
+    """On a claim-only store that tells its clock, a claim that fails is sent again until
+    ``slot + max_late`` by the store's clock. A worker 5 s ahead gave up by its own clock,
+    at once here, and skipped the slot as late while the store would still take it: a
+    slot missed whenever every worker's claim met an outage. Alone (``claim``) and due
+    together (``claim_many``)."""
+    skew(5_000)
+    backend = _FlakyClockedClaimOnly(failures=2)
+    calls = Calls()
+    ahead = Scheduler(backend, instance_id="ahead")
+    events = Events(ahead)
+    when = datetime.fromtimestamp((real_ms() + 400) / 1000, tz=UTC).isoformat()
+    for i in range(jobs):
+        ahead.at(f"once{i}", when, lambda ctx: calls.add(slot=ctx.slot, at=real_ms()),
+                 max_late="3s")
+    await ahead.start()
+    try:
+        await wait_for(lambda: len(calls) == jobs or bool(events.named("skip")), 10,
+                       "the runs, or a skip")
+    finally:
+        await stop_all(ahead)
+    assert not events.named("skip"), [(e.job, e.reason) for e in events.named("skip")]
+    assert len(calls) == jobs and backend.failures == 0

@@ -341,7 +341,7 @@ class RabbitMQBackend(BaseBackend):
         return await retry_store_call(
             f"RabbitMQ {what} for job {job}",
             attempt,
-            deadline_ms=int(time.time() * 1000 + self.retry_for_s * 1000),
+            deadline_ms=time.time_ns() // 1_000_000 + int(self.retry_for_s * 1000),
             retryable=self._retryable,
             max_delay_s=1.0,
             log_level=logging.DEBUG,

@@ -199,7 +199,7 @@ class ClaimAnswers:
                             "claim", host.backend.claim(claim), job=job.name, slot=slot,
                             token=claim.token,
                         ),
-                        deadline_ms=slot + job.options.max_late_ms,
+                        deadline_ms=host.clock.local(slot + job.options.max_late_ms),
                         give_up=lambda: host.stopping,
                     )
             except Exception as exc:

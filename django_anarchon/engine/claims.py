@@ -461,7 +461,7 @@ class ClaimFlows(ClaimAnswers):
                         host.backend.claim_many(inputs),  # type: ignore[union-attr]
                         tokens=[c.token for c in inputs],
                     ),
-                    deadline_ms=deadline,
+                    deadline_ms=host.clock.local(deadline),
                     give_up=lambda: host.stopping,
                 )
             except Exception:
