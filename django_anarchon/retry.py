@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from .redact import redact_text
+from .wallclock import now_ms
 
 __all__ = ["retry_store_call"]
 
@@ -56,7 +56,7 @@ async def retry_store_call(
             failures += 1
             out_of_time = (
                 deadline_ms is not None
-                and time.time_ns() // 1_000_000 + delay * 1000 > deadline_ms
+                and now_ms() + delay * 1000 > deadline_ms
             )
             if out_of_time or (give_up is not None and give_up()):
                 logger.log(

@@ -15,10 +15,10 @@ import asyncio
 import contextlib
 import math
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from ..wallclock import now_ms
 from .base import (
     BUFFER_POLICIES,
     CANCELLED,
@@ -49,10 +49,6 @@ __all__ = ["MemoryBackend", "MemoryRunStore"]
 
 # (slot, instance, attempt, manual): how build_history pairs a claim with its result.
 _RecordKey = tuple[int, str, int, bool]
-
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -511,7 +507,7 @@ class MemoryBackend(BaseBackend):
     dedupe_window_ms: float = math.inf
 
     def __init__(self, *, clock: Callable[[], int] | None = None) -> None:
-        self._state = _State(clock or _wall_clock_ms)
+        self._state = _State(clock or now_ms)
         self.runs: MemoryRunStore = MemoryRunStore(self._state)
         #: The queues of the listening schedulers, each with its loop (any thread).
         self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Wakeup]]] = set()

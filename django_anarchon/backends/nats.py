@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ from ..durations import parse_duration
 from ..exceptions import ConfigurationError
 from ..redact import redact_text, redact_url, redact_value
 from ..retry import retry_store_call
+from ..wallclock import now_ms
 from . import _broker_history as records
 from . import nats_wake
 from .base import BaseBackend, ClaimInput, JobLimits, RunRecord, StoredResult, Wakeup
@@ -62,10 +62,6 @@ def _import_nats() -> Any:
             option="BACKEND", value="django_anarchon.backends.nats.NatsBackend",
         ) from exc
     return nats
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class NatsBackend(BaseBackend):
@@ -216,7 +212,7 @@ class NatsBackend(BaseBackend):
         return await retry_store_call(
             f"NATS {what} for job {job}",
             attempt,
-            deadline_ms=time.time_ns() // 1_000_000 + int(self.retry_for_s * 1000),
+            deadline_ms=now_ms() + int(self.retry_for_s * 1000),
             retryable=self._retryable,
             max_delay_s=1.0,
             log_level=logging.DEBUG,
@@ -317,7 +313,7 @@ class NatsBackend(BaseBackend):
 
     async def claim(self, input: ClaimInput) -> bool:
         subject = self.claim_subject(input.job, input.slot)
-        at = _now_ms()
+        at = now_ms()
         payload = json.dumps(
             {"v": records.FORMAT, "token": input.token, "by": input.instance_id, "at": at}
         ).encode()
@@ -358,7 +354,7 @@ class NatsBackend(BaseBackend):
             input.job,
             input.history_size,
             "claims",
-            records.claim_body(input, at=_now_ms(), manual=False),
+            records.claim_body(input, at=now_ms(), manual=False),
             msg_id=f"claim:{input.slot}:{input.token}",
         )
 
@@ -372,7 +368,7 @@ class NatsBackend(BaseBackend):
             input.job,
             input.history_size,
             "claims",
-            records.claim_body(input, at=_now_ms(), manual=True, slot=slot),
+            records.claim_body(input, at=now_ms(), manual=True, slot=slot),
             msg_id=None,
         )
         return None if slot == input.slot else slot
@@ -446,7 +442,7 @@ class NatsBackend(BaseBackend):
         if limit <= 0:
             return []
         bodies = await self._read_history(job, limit)
-        return records.to_history(job, bodies, limit, _now_ms(), newest_last=False)
+        return records.to_history(job, bodies, limit, now_ms(), newest_last=False)
 
     async def close(self) -> None:
         await self._conns.close_all()

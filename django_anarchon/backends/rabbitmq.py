@@ -32,7 +32,6 @@ import collections
 import contextlib
 import logging
 import re
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from ..durations import parse_duration
 from ..exceptions import ConfigurationError
 from ..redact import redact_text, redact_url, redact_value
 from ..retry import retry_store_call
+from ..wallclock import now_ms
 from . import _broker_history as records
 from .base import BaseBackend, ClaimInput, JobLimits, RunRecord, StoredResult
 from .naming import LoopBound, job_key
@@ -77,10 +77,6 @@ def _errors() -> Any:
     import aiormq.exceptions
 
     return aiormq.exceptions
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 #: Operations at once on one connection; more at once open more connections (``_Pool``).
@@ -341,7 +337,7 @@ class RabbitMQBackend(BaseBackend):
         return await retry_store_call(
             f"RabbitMQ {what} for job {job}",
             attempt,
-            deadline_ms=time.time_ns() // 1_000_000 + int(self.retry_for_s * 1000),
+            deadline_ms=now_ms() + int(self.retry_for_s * 1000),
             retryable=self._retryable,
             max_delay_s=1.0,
             log_level=logging.DEBUG,
@@ -364,7 +360,7 @@ class RabbitMQBackend(BaseBackend):
             _TOKEN_ARG: f"v{records.FORMAT}:{token}",
             # Not compared by the broker; there for people looking at the queue list.
             "x-anarchon-instance": instance_id,
-            "x-anarchon-claimed-at": _now_ms(),
+            "x-anarchon-claimed-at": now_ms(),
         }
 
     # -- setup ------------------------------------------------------------------------
@@ -471,7 +467,7 @@ class RabbitMQBackend(BaseBackend):
 
     async def record_claim(self, input: ClaimInput) -> None:
         """Put a won claim in the job's history (the engine calls this after a win)."""
-        body = records.claim_body(input, at=_now_ms(), manual=False)
+        body = records.claim_body(input, at=now_ms(), manual=False)
         await self._publish_history(input.job, input.history_size, body)
 
     async def record_manual_run(self, input: ClaimInput) -> int | None:
@@ -480,7 +476,7 @@ class RabbitMQBackend(BaseBackend):
         slot = input.slot
         while slot in taken:
             slot += 1
-        body = records.claim_body(input, at=_now_ms(), manual=True, slot=slot)
+        body = records.claim_body(input, at=now_ms(), manual=True, slot=slot)
         await self._publish_history(input.job, input.history_size, body)
         return None if slot == input.slot else slot
 
@@ -576,7 +572,7 @@ class RabbitMQBackend(BaseBackend):
         if limit <= 0:
             return []
         bodies = await self._read_history(job)
-        return records.to_history(job, bodies, limit, _now_ms(), newest_last=True)
+        return records.to_history(job, bodies, limit, now_ms(), newest_last=True)
 
     async def close(self) -> None:
         await self._pools.close_all()

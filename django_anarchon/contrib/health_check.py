@@ -14,7 +14,6 @@ may carry a URL with a password).
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -22,6 +21,7 @@ from health_check.base import HealthCheck
 from health_check.exceptions import ServiceUnavailable
 
 from django_anarchon.exceptions import ConfigurationError
+from django_anarchon.wallclock import now_ms
 
 if TYPE_CHECKING:
     from django_anarchon.engine import Scheduler
@@ -104,7 +104,7 @@ async def _slots_behind(scheduler: Scheduler, job: str, count: int) -> bool:
     """Whether ``count`` slots came due since the job's last success (or first check)."""
     schedule = scheduler.get_job(job).schedule
     clock = getattr(scheduler.backend.runs, "now_ms", None)
-    now = await clock(job) if callable(clock) else time.time_ns() // 1_000_000
+    now = await clock(job) if callable(clock) else now_ms()
     since: int | None = None
     for record in await scheduler.ahistory(job, HISTORY_DEPTH):
         if record.status == "success":

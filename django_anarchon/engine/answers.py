@@ -31,10 +31,10 @@ from ..backends.base import (
 from ..jobs import Job
 from ..logtime import iso
 from ..retry import retry_store_call
+from ..wallclock import now_ms
 from .calls import error_text
 from .capacity import Capacity
 from .runner import Attempt
-from .timer import now_ms
 from .wake import released_key, send_wakeup
 
 if TYPE_CHECKING:

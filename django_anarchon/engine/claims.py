@@ -32,8 +32,8 @@ from ..jobs import Job
 from ..logtime import iso
 from ..redact import redact_text
 from ..retry import retry_store_call
+from ..wallclock import now_ms
 from .answers import Answer, ClaimAnswers
-from .timer import now_ms
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler

@@ -26,8 +26,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..wallclock import now_ms
 from .calls import error_text
-from .timer import now_ms
 
 __all__ = ["REFRESH_S", "StoreClock", "clock_reader"]
 

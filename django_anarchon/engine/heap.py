@@ -26,7 +26,7 @@ import gc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .timer import now_ms
+from ..wallclock import now_ms
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..exceptions import UnknownJobError
 from ..redact import describe_backend, redact_text
 from ..spool import Spool, SpoolEntry, SpoolError, store_fingerprint
-from .timer import now_ms
+from ..wallclock import now_ms
 
 if TYPE_CHECKING:
     from os import PathLike

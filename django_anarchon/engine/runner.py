@@ -58,6 +58,7 @@ from ..jobs import Job
 from ..logtime import iso
 from ..retry import retry_store_call
 from ..spool import SpoolEntry
+from ..wallclock import now_ms
 from .calls import (
     _CANCELLED,
     _NOT_STARTED,
@@ -80,7 +81,6 @@ from .context import JobContext
 from .ends import EndBatcher
 from .events import Event, EventName
 from .signal import AbortSignal
-from .timer import now_ms
 from .wake import send_wakeup
 
 if TYPE_CHECKING:

@@ -44,6 +44,7 @@ from ..jobs import (
 )
 from ..logtime import iso
 from ..retry import retry_store_call
+from ..wallclock import now_ms
 from .answers import new_token
 from .calls import close_thread_connections, error_text
 from .claims import ClaimFlows
@@ -55,7 +56,7 @@ from .owed import STOP_BOUND_MS, STOP_NOW_BOUND_MS, OwedRecords
 from .pool import DaemonThreadPool
 from .registration import JobState, RegistrationMixin
 from .runner import UNSET, Attempt, Runner
-from .timer import Timer, now_ms
+from .timer import Timer
 from .tracing import NO_TRACING, Tracing
 from .wake import WakeHub, WakeListener
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from ..logtime import iso
+from ..wallclock import now_ms
 
 __all__ = ["Timer"]
 
@@ -26,10 +27,6 @@ logger = logging.getLogger("django_anarchon")
 MAX_SLEEP_S = 30.0
 #: A wait this short is slept on the timer's thread, not through the loop (``_run``).
 SHORT_SLEEP_S = 0.002
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Timer:

@@ -23,6 +23,7 @@ from ..backends.base import (
     RunStore,
     StoredResult,
 )
+from ..wallclock import now_ms
 
 AnyBackend: TypeAlias = Backend | BaseBackend
 #: What ``make_backend`` returns: builds a new backend on the shared store, sync or async.
@@ -58,10 +59,6 @@ def unique_job(label: str) -> str:
     return f"contract-{label}-{uuid.uuid4().hex}"
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 async def _build(factory: BackendFactory) -> AnyBackend:
     made = factory()
     backend: AnyBackend = await made if inspect.isawaitable(made) else made
@@ -76,7 +73,7 @@ def _runs_of(backend: AnyBackend) -> RunStore | None:
 
 def _past_ms() -> int:
     """A slot a minute ago, on a whole second (see ``_PAST_MS``)."""
-    return (_now_ms() - _PAST_MS) // 1000 * 1000
+    return (now_ms() - _PAST_MS) // 1000 * 1000
 
 
 class _Backends:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ._base import BackendFactory, ContractBase, _Backends, _now_ms, unique_job
+from ..wallclock import now_ms
+from ._base import BackendFactory, ContractBase, _Backends, unique_job
 
 __all__ = ["RepeatSafetyTests"]
 
@@ -13,7 +14,7 @@ class RepeatSafetyTests(ContractBase):
     def test_repeat_safety(self, make_backend: BackendFactory) -> None:
         async def scenario(backends: _Backends) -> None:
             a, b = await backends.new(), await backends.new()
-            job, slot = unique_job("repeat"), _now_ms()
+            job, slot = unique_job("repeat"), now_ms()
             await a.prepare_job(job, 100)
             await b.prepare_job(job, 100)
             assert await a.claim(self.claim_input(job, slot, "tok-a", "A")) is True
@@ -27,7 +28,7 @@ class RepeatSafetyTests(ContractBase):
     def test_claims_are_independent(self, make_backend: BackendFactory) -> None:
         async def scenario(backends: _Backends) -> None:
             backend = await backends.new()
-            one, two, slot = unique_job("one"), unique_job("two"), _now_ms()
+            one, two, slot = unique_job("one"), unique_job("two"), now_ms()
             await backend.prepare_job(one, 100)
             await backend.prepare_job(two, 100)
             assert await backend.claim(self.claim_input(one, slot, "t1", "A")) is True

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..backends.base import ms_to_datetime
-from ._base import _HOUR_MS, BackendFactory, ContractBase, _Backends, _now_ms, unique_job
+from ..wallclock import now_ms
+from ._base import _HOUR_MS, BackendFactory, ContractBase, _Backends, unique_job
 
 __all__ = ["HistoryTests"]
 
@@ -21,7 +22,7 @@ class HistoryTests(ContractBase):
     def test_history_record(self, make_backend: BackendFactory) -> None:
         async def scenario(backends: _Backends) -> None:
             a, b = await backends.new(), await backends.new()
-            job, slot = unique_job("history"), _now_ms() // 1000 * 1000
+            job, slot = unique_job("history"), now_ms() // 1000 * 1000
             for backend in (a, b):
                 await backend.prepare_job(job, 10)
             assert await self.claim_won(a, self.claim_input(job, slot, "t", "A", history_size=10))
@@ -53,7 +54,7 @@ class HistoryTests(ContractBase):
     def test_history_newest_first_across_instances(self, make_backend: BackendFactory) -> None:
         async def scenario(backends: _Backends) -> None:
             a, b = await backends.new(), await backends.new()
-            job, base = unique_job("order"), _now_ms() // 1000 * 1000
+            job, base = unique_job("order"), now_ms() // 1000 * 1000
             for backend in (a, b):
                 await backend.prepare_job(job, 10)
             for i in range(4):
@@ -72,7 +73,7 @@ class HistoryTests(ContractBase):
     def test_history_size_prunes(self, make_backend: BackendFactory) -> None:
         async def scenario(backends: _Backends) -> None:
             backend = await backends.new()
-            job, base = unique_job("size"), _now_ms() // 1000 * 1000
+            job, base = unique_job("size"), now_ms() // 1000 * 1000
             await backend.prepare_job(job, 3)
             for i in range(6):
                 slot = base + i * 1000
@@ -89,7 +90,7 @@ class HistoryTests(ContractBase):
 
         async def scenario(backends: _Backends) -> None:
             backend = await backends.new()
-            job, now, ttl = unique_job("ttl"), _now_ms() // 1000 * 1000, _HOUR_MS
+            job, now, ttl = unique_job("ttl"), now_ms() // 1000 * 1000, _HOUR_MS
             await backend.prepare_job(job, 10)
             old = now - 2 * _HOUR_MS
             claim = self.claim_input(job, old, "old", "A", history_ttl_ms=ttl)
@@ -105,7 +106,7 @@ class HistoryTests(ContractBase):
     def test_manual_runs_are_never_deduplicated(self, make_backend: BackendFactory) -> None:
         async def scenario(backends: _Backends) -> None:
             backend = await backends.new()
-            job, slot = unique_job("manual"), _now_ms()
+            job, slot = unique_job("manual"), now_ms()
             await backend.prepare_job(job, 10)
             used = []
             for token in ("m1", "m2"):

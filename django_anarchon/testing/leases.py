@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ..backends.base import MIN_KEEP_MS, ClaimOutcome, FinalStatus, RunClaim, RunEnd, RunStore
+from ..wallclock import now_ms
 from ._base import (
     _HOUR_MS,
     _KEEP_MS,
@@ -21,7 +22,6 @@ from ._base import (
     ContractBase,
     _active,
     _Backends,
-    _now_ms,
     _past_ms,
     unique_job,
 )
@@ -76,7 +76,7 @@ class LeaseTests(ContractBase):
                 assert await runs.active(job) == [_active(slot, attempt, True)]
                 assert await runs.finish(job, slot, token, status) is True
                 await backend.save_result(
-                    job, self.result(slot, instance, _now_ms(), attempt=attempt, status=status), 10
+                    job, self.result(slot, instance, now_ms(), attempt=attempt, status=status), 10
                 )
             last = self.run_claim(job, slot, "t4", "I4", max_attempts=3)
             assert await runs.claim(last) == ClaimOutcome.done()
@@ -388,7 +388,7 @@ class LeaseTests(ContractBase):
 
         async def scenario(backends: _Backends) -> None:
             backend, runs = await self.leases(backends)
-            job, slot = unique_job("early"), _now_ms() + _HOUR_MS
+            job, slot = unique_job("early"), now_ms() + _HOUR_MS
             outcome = await runs.claim(self.run_claim(job, slot, "a", "A"))
             assert outcome.kind == "early", outcome
             assert outcome.wait_ms is not None, outcome
@@ -460,7 +460,7 @@ class LeaseTests(ContractBase):
             for i, job in enumerate(jobs[:3]):
                 claim = self.run_claim(job, slot, f"t{i}", "A", max_attempts=2)
                 assert await runs.claim(claim) == ClaimOutcome.won(1)
-            started = _now_ms()
+            started = now_ms()
             ends = [
                 RunEnd(jobs[0], "t0", "success", self.result(slot, "A", started), 10),
                 RunEnd(jobs[1], "t1", "failed",
@@ -500,7 +500,7 @@ class LeaseTests(ContractBase):
             for i, slot in enumerate(slots):
                 claim = self.run_claim(job, slot, f"t{i}", "A", overlap="allow")
                 assert await runs.claim(claim) == ClaimOutcome.won(1)
-            started = _now_ms()
+            started = now_ms()
             ends = [
                 RunEnd(job, f"t{i}", "success", self.result(slot, "A", started + i), 2)
                 for i, slot in enumerate(slots)
@@ -528,7 +528,7 @@ class LeaseTests(ContractBase):
                 first = self.run_claim(job, slot, "a", "A", lease_ms=self.lease_ms, max_attempts=2)
                 assert await runs.claim(first) == ClaimOutcome.won(1)
                 await self.wait_lapsed(runs, job, slot)
-                end = RunEnd(job, "a", "success", self.result(slot, "A", _now_ms()), 10)
+                end = RunEnd(job, "a", "success", self.result(slot, "A", now_ms()), 10)
                 takeover = self.run_claim(job, slot, "b", "B", mode="takeover", max_attempts=2)
                 (finished,), taken = await asyncio.gather(
                     runs.finish_many([end]),  # type: ignore[attr-defined]

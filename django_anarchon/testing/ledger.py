@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from ..backends.base import ClaimOutcome, LedgerStore, RunStore, SlotMark
-from ._base import BackendFactory, ContractBase, _Backends, _now_ms, _past_ms, unique_job
+from ..wallclock import now_ms
+from ._base import BackendFactory, ContractBase, _Backends, _past_ms, unique_job
 
 __all__ = ["LedgerTests"]
 
@@ -47,7 +48,7 @@ class LedgerTests(ContractBase):
         async def scenario(backends: _Backends) -> None:
             runs, ledger = await self.ledger(backends)
             job, base = unique_job("ledger-skip"), _past_ms()
-            before = _now_ms() - 60_000
+            before = now_ms() - 60_000
             late = await runs.claim(self._claim(job, base, "a", max_late_ms=1000))
             assert late.kind == "late", late
             again = await runs.claim(self._claim(job, base, "b", max_late_ms=1000))
@@ -108,7 +109,7 @@ class LedgerTests(ContractBase):
             assert (state.job, state.note, state.by, state.until) == (
                 job, "maintenance", "alice", None
             ), state
-            assert abs(state.at - _now_ms()) < 60_000, state
+            assert abs(state.at - now_ms()) < 60_000, state
             assert await ledger.pauses([job, other]) == {job: state}
             assert await runs.claim(
                 self._claim(job, base, "a", max_attempts=2, overlap="allow")
@@ -171,7 +172,7 @@ class LedgerTests(ContractBase):
             runs, ledger = await self.ledger(backends)
             job, base = unique_job("pause-until"), _past_ms()
             # An until already past (by an hour: clocks may differ) pauses nothing.
-            await ledger.pause(job, "", "x", _now_ms() - 3_600_000)
+            await ledger.pause(job, "", "x", now_ms() - 3_600_000)
             assert await ledger.pauses([job]) == {}
             assert await runs.claim(
                 self._claim(job, base, "a", overlap="allow")
@@ -203,7 +204,7 @@ class LedgerTests(ContractBase):
             if not isinstance(runs, LedgerStore):
                 pytest.skip(f"{type(runs).__name__} has no ledger (LedgerStore)")
             job, base = unique_job("backfill"), _past_ms() - 600_000
-            started = _now_ms()
+            started = now_ms()
             # History shows an attempt of ``base`` (its run itself may be forgotten).
             await backend.save_result(job, self.result(base, "old", started), 100)
             # ``base + 1000`` had only a manual run, which is not the slot's run.
@@ -276,7 +277,7 @@ class LedgerTests(ContractBase):
             assert [m.slot for m in marks] == [base + 4000, base + 3000, base + 2000], marks
             # A ttl drops what ended before it (an hour of margin for the store's clock).
             ttl = 3_600_000
-            old = _now_ms() - 4 * 3_600_000
+            old = now_ms() - 4 * 3_600_000
             assert await ledger.mark_missed(job, [(old, old + 1000, 2)], "I", 100, ttl) == 1
             marks = await ledger.marks(job, None, None, 100)
             assert old not in [m.slot for m in marks], marks
@@ -289,7 +290,7 @@ class LedgerTests(ContractBase):
             runs, ledger = await self.ledger(backends)
             a, b = unique_job("since-a"), unique_job("since-b")
             first = await ledger.job_since([(a, "every 1m"), (b, "cron 0 * * * *")])
-            assert len(first) == 2 and all(abs(x - _now_ms()) < 60_000 for x in first), first
+            assert len(first) == 2 and all(abs(x - now_ms()) < 60_000 for x in first), first
             assert await ledger.job_since([(a, "every 1m")]) == first[:1]
             # Once the store's clock moved on, a changed schedule starts anew.
             deadline = time.monotonic() + self.wait_timeout
@@ -390,10 +391,10 @@ class LedgerTests(ContractBase):
 
     async def _store_now(self, runs: RunStore, job: str) -> int:
         """The store's clock: ``now_ms`` where offered, else an early answer's wait."""
-        now_ms = getattr(runs, "now_ms", None)
-        if callable(now_ms):
-            return int(await now_ms(job))
-        probe = _now_ms() + 3_600_000
+        store_clock = getattr(runs, "now_ms", None)
+        if callable(store_clock):
+            return int(await store_clock(job))
+        probe = now_ms() + 3_600_000
         answer = await runs.claim(self._claim(unique_job("clock"), probe, "z"))
         assert answer.kind == "early" and answer.wait_ms is not None, answer
         return probe - answer.wait_ms

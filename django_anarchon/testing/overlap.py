@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..backends.base import ClaimOutcome, RunStore
+from ..wallclock import now_ms
 from ._base import (
     BackendFactory,
     ContractBase,
     _active,
     _Backends,
-    _now_ms,
     _past_ms,
     unique_job,
 )
@@ -77,7 +77,7 @@ class OverlapTests(ContractBase):
             first, second = base - 1000, base
             # max_late reaches a second or two past the store's now: in time for the
             # first claim, then late by the store's clock while the slot waits.
-            max_late = _now_ms() - second + 1500
+            max_late = now_ms() - second + 1500
 
             def claim(slot: int, token: str, max_late_ms: int | None = max_late) -> Any:
                 return self.run_claim(
