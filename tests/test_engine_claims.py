@@ -813,9 +813,7 @@ class _FlakyClockedClaimOnly(FlakyClaimBackend):
         return real_ms()
 
     async def claim_many(self, inputs: list[ClaimInput]) -> list[bool]:
-        if self.failures > 0:
-            self.failures -= 1
-            raise ConnectionError("store unreachable (test)")
+        self.maybe_fail(inputs[0].job)
         return await super().claim_many(inputs)
 
 

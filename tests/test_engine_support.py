@@ -141,10 +141,14 @@ class FlakyClaimBackend(ClaimOnlyMemoryBackend):
 
     async def claim(self, input: ClaimInput) -> bool:
         self.tokens.append((input.job, input.slot, input.token))
-        if self.failures > 0 and self.job in (None, input.job):
+        self.maybe_fail(input.job)
+        return await super().claim(input)
+
+    def maybe_fail(self, job: str) -> None:
+        """Fail a call about ``job`` while failures are left."""
+        if self.failures > 0 and self.job in (None, job):
             self.failures -= 1
             raise ConnectionError("store unreachable (test)")
-        return await super().claim(input)
 
 
 class LoopThread:
